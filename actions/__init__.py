@@ -1,0 +1,20 @@
+"""Actions, one module each, behind the interface in ``actions.base``."""
+
+from __future__ import annotations
+
+from actions.base import Action, ActionContext, ActionParams, Outcome
+from actions.log import LogAction
+
+ACTION_TYPES: dict[str, type[Action]] = {cls.type: cls for cls in (LogAction,)}
+
+# Instances every config has without declaring them.
+BUILTIN_INSTANCES: dict[str, dict[str, str]] = {"log": {"type": "log"}}
+
+__all__ = [
+    "ACTION_TYPES",
+    "BUILTIN_INSTANCES",
+    "Action",
+    "ActionContext",
+    "ActionParams",
+    "Outcome",
+]

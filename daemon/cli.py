@@ -1,0 +1,325 @@
+"""The ``specguard`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from daemon import __version__
+
+DESCRIPTION = """\
+specguard watches speculative decoding on vLLM: it evaluates YAML rules over vLLM's metrics
+(acceptance, latency against a baseline, KV-cache pressure...) and acts when they fire.
+"""
+
+EPILOG = """\
+examples:
+  specguard check --config /etc/specguard/specguard.yaml
+  specguard eval --once --scrape http://127.0.0.1:8000/metrics
+  specguard run --config /etc/specguard/specguard.yaml
+  specguard signals
+
+With no --config (and no $SPECGUARD_CONFIG) specguard runs on defaults: it scrapes
+http://127.0.0.1:8000/metrics, evaluates the shipped rule pack and logs what fires.
+"""
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        default=os.environ.get("SPECGUARD_CONFIG") or None,
+        help="specguard.yaml (default: $SPECGUARD_CONFIG, else built-in defaults)",
+    )
+
+
+def _add_source_overrides(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--scrape",
+        metavar="URL",
+        action="append",
+        help="read this vLLM /metrics URL directly (repeatable); replaces the configured sources",
+    )
+    group.add_argument(
+        "--prometheus", metavar="URL", help="query this Prometheus; replaces the configured sources"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specguard",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"specguard {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run the daemon: evaluate rules on a schedule and act",
+        description="Run the daemon in the foreground (systemd runs it this way). "
+        "SIGHUP reloads the config (an invalid one is refused and the old one kept); "
+        "SIGTERM/SIGINT stop it cleanly.",
+    )
+    _add_config(run)
+    _add_source_overrides(run)
+    run.add_argument("--listen", metavar="HOST", help="address of the HTTP server (default 127.0.0.1)")
+    run.add_argument("--port", type=int, metavar="N", help="port of the HTTP server (default 9464)")
+    run.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
+    run.add_argument(
+        "--dry-run", action="store_true", default=None, help="evaluate and record, run no action"
+    )
+    run.add_argument("--log-format", choices=["auto", "json", "text"], help="log format (default: auto)")
+
+    check = sub.add_parser(
+        "check",
+        help="validate the config and rule files",
+        description="Validate the config, its rule files, baseline and actions, like `promtool check "
+        "rules`. Prints every problem as file:line: field: message. Exit 0 when valid, 1 otherwise.",
+    )
+    _add_config(check)
+    check.add_argument(
+        "rule_files",
+        nargs="*",
+        metavar="RULE_FILE",
+        help="check these rule files instead of the config's",
+    )
+
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate every rule once now and print the result",
+        description="Evaluate every enabled rule once and print value, threshold and state per series. "
+        "On a scrape source it takes two scrapes --sample-gap seconds apart, so rates exist. "
+        "States are computed from scratch: a breach with `for` shows as pending.",
+    )
+    _add_config(ev)
+    _add_source_overrides(ev)
+    ev.add_argument("--once", action="store_true", help="evaluate once (the only mode; kept explicit)")
+    ev.add_argument("--sample-gap", type=float, default=5.0, metavar="SECONDS", help="default 5")
+    ev.add_argument("--format", choices=["table", "json"], default="table", help="default table")
+    ev.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
+
+    signals = sub.add_parser(
+        "signals",
+        help="list the signal catalog with the PromQL each signal uses",
+        description="List every signal rules can name, its unit, the vLLM metrics it reads (with "
+        "the vLLM versions of each name) and the PromQL the Prometheus source runs.",
+    )
+    signals.add_argument("--window", default="5m", help="window used in the PromQL shown (default 5m)")
+    signals.add_argument("--format", choices=["table", "json"], default="table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "eval":
+            return cmd_eval(args)
+        if args.command == "signals":
+            return cmd_signals(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if getattr(args, "scrape", None):
+        out["sources"] = {"scrape": {"targets": args.scrape}}
+    elif getattr(args, "prometheus", None):
+        out["sources"] = {"prometheus": {"url": args.prometheus}}
+    for key in ("listen", "port", "state_dir", "dry_run", "log_format"):
+        value = getattr(args, key, None)
+        if value is not None:
+            out[key] = str(value) if isinstance(value, Path) else value
+    return out
+
+
+def _print_problems(loaded: Any) -> None:
+    for problem in sorted(loaded.problems, key=lambda p: (p.file, p.line or 0)):
+        print(problem, file=sys.stderr)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from daemon.loading import load
+
+    loaded = load(args.config, args.rule_files)
+    _print_problems(loaded)
+    if not loaded.ok:
+        print(f"{len(loaded.errors)} error(s)", file=sys.stderr)
+        return 1
+    files = len({r.file for r in loaded.rules})
+    print(f"OK: {len(loaded.rules)} rules in {files} file(s), {len(loaded.actions)} action(s)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from daemon import logs
+    from daemon.loading import load
+
+    overrides = _overrides(args)
+    loaded = load(args.config, (), overrides)
+    logs.setup(loaded.config.log_format, loaded.config.log_level)
+    if not loaded.ok:
+        _print_problems(loaded)
+        print("specguard: not starting: the configuration has errors", file=sys.stderr)
+        return 1
+    for problem in loaded.warnings:
+        print(problem, file=sys.stderr)
+    from daemon.runtime import Daemon
+
+    daemon = Daemon(loaded, args.config, (), overrides)
+    asyncio.run(daemon.run_until_stopped())
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from daemon.loading import load
+
+    loaded = load(args.config, (), _overrides(args))
+    if not loaded.ok:
+        _print_problems(loaded)
+        return 1
+    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ())))
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(rows)
+    return 0
+
+
+async def _evaluate_once(loaded: Any, gap: float, only: set[str]) -> list[dict[str, Any]]:
+    from daemon.evaluation import evaluate_rule
+    from daemon.runtime import make_source, retention_for
+
+    source = make_source(loaded.config, retention_for(loaded))
+    rows: list[dict[str, Any]] = []
+    try:
+        if source.kind == "scrape":
+            await source.refresh()
+            await asyncio.sleep(gap)
+        await source.refresh()
+        now = time.time()
+        for item in loaded.enabled_rules():
+            if only and item.name not in only:
+                continue
+            outcome = await evaluate_rule(item, source, loaded.baseline, {}, now)
+            base = {"rule": item.name, "signal": item.rule.signal or item.rule.expr}
+            if not outcome.states:
+                rows.append(
+                    {
+                        **base,
+                        "labels": {},
+                        "value": None,
+                        "threshold": None,
+                        "state": "inactive",
+                        "verdict": "error" if outcome.error else "no_data",
+                        "error": outcome.error,
+                    }
+                )
+            for key, series in outcome.states.items():
+                rows.append(
+                    {
+                        **base,
+                        "labels": dict(series.labels),
+                        "value": series.value,
+                        "threshold": series.threshold,
+                        "state": series.state.value,
+                        "verdict": outcome.verdicts[key].value,
+                        "error": series.error,
+                    }
+                )
+    finally:
+        await source.close()
+    return rows
+
+
+def _number(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.4g}"
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    header = ("RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE")
+    table = [header]
+    for row in rows:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(row["labels"].items())) or "-"
+        table.append(
+            (
+                row["rule"],
+                str(row["signal"]),
+                labels,
+                _number(row["value"]),
+                _number(row["threshold"]),
+                row["verdict"],
+                row["state"],
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip())
+    for row in rows:
+        if row.get("error"):
+            print(f"{row['rule']}: {row['error']}", file=sys.stderr)
+
+
+def cmd_signals(args: argparse.Namespace) -> int:
+    from daemon.durations import parse_duration
+    from daemon.signals import CATALOG, DEFAULT_GROUP_BY
+
+    try:
+        window = parse_duration(args.window)
+    except ValueError as exc:
+        print(f"specguard signals: --window: {exc}", file=sys.stderr)
+        return 2
+    items: list[dict[str, Any]] = []
+    for signal in CATALOG.values():
+        metrics = [signal.metric, *([signal.denominator] if signal.denominator else [])]
+        items.append(
+            {
+                "signal": signal.name,
+                "unit": signal.unit,
+                "description": signal.description,
+                "metrics": [
+                    {"name": name, "vllm": since}
+                    for m in metrics
+                    for name, since in zip(m.names, m.since, strict=True)
+                ],
+                "promql": signal.promql(window, DEFAULT_GROUP_BY),
+            }
+        )
+    if args.format == "json":
+        print(json.dumps(items, indent=2))
+        return 0
+    for item in items:
+        print(f"{item['signal']}  ({item['unit']})")
+        print(f"  {item['description']}")
+        for metric in item["metrics"]:
+            print(f"  metric: {metric['name']}  [vLLM {metric['vllm']}]")
+        print(f"  promql: {item['promql']}")
+        print()
+    return 0

@@ -1,0 +1,142 @@
+"""specguard.yaml: the daemon's configuration, and the baseline file it may name."""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import platformdirs
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from daemon.durations import Duration
+from daemon.signals import CATALOG
+
+DEFAULT_SCRAPE_TARGET = "http://127.0.0.1:8000/metrics"
+DEFAULT_RULES = ("builtin:speculative",)
+DEFAULT_PORT = 9464
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScrapeSourceConfig(_Strict):
+    """Read vLLM's /metrics directly (one host, no Prometheus needed)."""
+
+    targets: tuple[str, ...] = Field((DEFAULT_SCRAPE_TARGET,), min_length=1)
+    timeout: Duration = 5.0
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_http_url(target) for target in value)
+
+
+class PrometheusSourceConfig(_Strict):
+    """Ask a Prometheus server that scrapes vLLM."""
+
+    url: str
+    timeout: Duration = 10.0
+    bearer_token_file: Path | None = None
+    verify_tls: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _http_url(value)
+
+
+class SourcesConfig(_Strict):
+    scrape: ScrapeSourceConfig | None = None
+    prometheus: PrometheusSourceConfig | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SourcesConfig:
+        if self.scrape is not None and self.prometheus is not None:
+            raise ValueError("configure either `scrape` or `prometheus`, not both")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "prometheus" if self.prometheus is not None else "scrape"
+
+
+class Config(_Strict):
+    listen: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    sources: SourcesConfig = SourcesConfig()
+    rules: tuple[str, ...] = DEFAULT_RULES  # files or globs; builtin:<pack> for shipped packs
+    actions: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    baseline: Path | None = None
+    state_dir: Path | None = None
+    interval: Duration = 15.0
+    dry_run: bool = False
+    log_format: Literal["auto", "json", "text"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: float) -> float:
+        if value < 0.1:
+            raise ValueError("the interval must be at least 100ms")
+        return value
+
+    @property
+    def scrape(self) -> ScrapeSourceConfig:
+        return self.sources.scrape or ScrapeSourceConfig()
+
+    def resolved_state_dir(self) -> Path:
+        """``state_dir``, else ``$STATE_DIRECTORY`` (systemd), else the user's state directory."""
+        if self.state_dir is not None:
+            return self.state_dir
+        from_systemd = os.environ.get("STATE_DIRECTORY")
+        if from_systemd:
+            return Path(from_systemd.split(":")[0])
+        return Path(platformdirs.user_state_dir("specguard"))
+
+
+def _known_signal(name: str) -> str:
+    if name not in CATALOG:
+        raise ValueError(f"unknown signal {name!r}; known: {', '.join(sorted(CATALOG))}")
+    return name
+
+
+def _baseline_value(number: float) -> float:
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("a baseline value must be a finite number >= 0")
+    return number
+
+
+BaselineSignal = Annotated[str, AfterValidator(_known_signal)]
+BaselineValue = Annotated[float, AfterValidator(_baseline_value)]
+
+
+class Baseline(BaseModel):
+    """Measured reference values (``signal -> seconds or ratio``), written by the benchmark.
+
+    ```json
+    {"version": 1, "measured_at": "2026-11-30T10:00:00Z", "method": "specguard bench, 200 requests",
+     "signals": {"e2e_latency_p95": 1.84, "ttft_p95": 0.21}}
+    ```
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = 1
+    measured_at: datetime
+    method: str = ""
+    vllm_version: str | None = None
+    model: str | None = None
+    notes: str = ""
+    signals: dict[BaselineSignal, BaselineValue] = Field(min_length=1)

@@ -1,0 +1,333 @@
+"""Load and cross-check the config, its rule files, its baseline and its action instances.
+
+Everything an operator can get wrong is collected as a Problem (``file:line: field: message``), so
+``specguard check`` can list them all at once and ``specguard run`` can refuse a bad config (or a
+SIGHUP can keep the old one) with the reason.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from actions import ACTION_TYPES, BUILTIN_INSTANCES, Action
+from daemon.config import Baseline, Config
+from daemon.signals import CATALOG, DEFAULT_GROUP_BY
+from daemon.yamlfile import FileProblems, LineDict, Problem, line_of, load_yaml, validation_problems
+from rules.schema import Rule, RuleFile
+
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class LoadedRule:
+    rule: Rule
+    file: str
+    line: int | None
+    index: int = 0  # position in its file's `rules:` list
+    key_lines: Mapping[str, int] = field(default_factory=dict)  # line of each key, for messages
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+    @property
+    def group_by(self) -> tuple[str, ...]:
+        if self.rule.group_by is not None:
+            return self.rule.group_by
+        return DEFAULT_GROUP_BY if self.rule.signal else ()
+
+
+@dataclass
+class Loaded:
+    config: Config
+    config_file: str | None
+    rules: list[LoadedRule] = field(default_factory=list)
+    baseline: Baseline | None = None
+    actions: dict[str, Action] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if not p.warning]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.warning]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def enabled_rules(self) -> list[LoadedRule]:
+        return [r for r in self.rules if r.rule.enabled]
+
+
+def builtin_pack(name: str) -> Path:
+    return Path(str(resources.files("rules") / "packs" / f"{name}.yaml"))
+
+
+def builtin_packs() -> list[str]:
+    return sorted(
+        p.name.removesuffix(".yaml")
+        for p in (resources.files("rules") / "packs").iterdir()
+        if p.name.endswith(".yaml")
+    )
+
+
+def load(
+    config_file: Path | None,
+    rule_files: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+) -> Loaded:
+    """Load everything. Never raises for bad input: look at ``Loaded.problems``."""
+    overrides = dict(overrides or {})
+    base_dir = config_file.parent if config_file else Path.cwd()
+    data: Any = LineDict()
+    label = str(config_file) if config_file else "<defaults>"
+    if config_file is not None:
+        try:
+            data = load_yaml(config_file)
+        except FileProblems as exc:
+            return Loaded(Config(), label, problems=exc.problems)
+        if data is None:
+            data = LineDict()
+        if not isinstance(data, dict):
+            problem = Problem(label, line_of(data, ()), "", "the config must be a mapping of keys")
+            return Loaded(Config(), label, problems=[problem])
+    raw = _merged(data, overrides)
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        return Loaded(Config(), label, problems=validation_problems(label, data, exc))
+    config = _resolve_paths(config, base_dir)
+    loaded = Loaded(config, label)
+    loaded.actions = _load_actions(config, data, label, loaded.problems)
+    loaded.baseline = _load_baseline(config, data, label, loaded.problems)
+    patterns = list(rule_files) or list(config.rules)
+    # Files named on the command line are relative to where the command runs, like promtool's;
+    # files named in the config are relative to the config.
+    rules_base = Path.cwd() if rule_files else base_dir
+    files = _expand(patterns, rules_base, data, label, loaded.problems, explicit=bool(rule_files))
+    for file_label, path in files:
+        loaded.rules.extend(_load_rule_file(path, file_label, loaded.problems))
+    _cross_check(loaded)
+    _check_token_file(config, data, label, loaded.problems)
+    return loaded
+
+
+def _merged(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    raw = dict(data)
+    for key, value in overrides.items():
+        if value is not None:
+            raw[key] = value
+    return raw
+
+
+def _resolve_paths(config: Config, base: Path) -> Config:
+    def resolve(path: Path | None) -> Path | None:
+        return None if path is None else (path if path.is_absolute() else base / path).expanduser()
+
+    update: dict[str, Any] = {
+        "baseline": resolve(config.baseline),
+        "state_dir": resolve(config.state_dir),
+    }
+    prometheus = config.sources.prometheus
+    if prometheus is not None and prometheus.bearer_token_file is not None:
+        sources = config.sources.model_copy(
+            update={
+                "prometheus": prometheus.model_copy(
+                    update={"bearer_token_file": resolve(prometheus.bearer_token_file)}
+                )
+            }
+        )
+        update["sources"] = sources
+    return config.model_copy(update=update)
+
+
+def _expand(
+    patterns: Sequence[str],
+    base: Path,
+    data: Any,
+    label: str,
+    problems: list[Problem],
+    explicit: bool,
+) -> list[tuple[str, Path]]:
+    """(label for messages, path) of each rule file; shipped packs are labelled builtin:<name>."""
+    files: list[tuple[str, Path]] = []
+    for index, pattern in enumerate(patterns):
+        where = (label, None, "") if explicit else (label, line_of(data, ("rules", index)), f"rules[{index}]")
+        if pattern.startswith(BUILTIN_PREFIX):
+            name = pattern.removeprefix(BUILTIN_PREFIX)
+            path = builtin_pack(name)
+            if not path.is_file():
+                known = ", ".join(BUILTIN_PREFIX + p for p in builtin_packs())
+                problems.append(Problem(*where, f"no shipped rule pack {pattern!r}; shipped: {known}"))
+                continue
+            files.append((pattern, path))
+            continue
+        full = os.path.expanduser(pattern if os.path.isabs(pattern) else str(base / pattern))
+        matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
+        if not matches:
+            problems.append(Problem(*where, f"no rule file matches {pattern!r}"))
+        for match in matches:
+            files.append((match, Path(match)))
+    return list(dict.fromkeys(files))
+
+
+def _load_rule_file(path: Path, label: str, problems: list[Problem]) -> list[LoadedRule]:
+    try:
+        data = load_yaml(path, label=label)
+    except FileProblems as exc:
+        problems.extend(exc.problems)
+        return []
+    if not isinstance(data, dict):
+        problems.append(
+            Problem(label, line_of(data, ()), "", "a rule file is a mapping with a `rules:` list")
+        )
+        return []
+    out: list[LoadedRule] = []
+    raw_rules = data.get("rules")
+    try:
+        RuleFile.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(validation_problems(label, data, exc))
+        if not isinstance(raw_rules, list):
+            return []
+    # Keep every rule that is valid on its own, so one typo does not hide the other rules' problems.
+    for index, raw in enumerate(raw_rules or []):
+        try:
+            rule = Rule.model_validate(raw)
+        except ValidationError:
+            continue
+        lines = raw.key_lines if isinstance(raw, LineDict) else {}
+        out.append(LoadedRule(rule, label, line_of(data, ("rules", index)), index, dict(lines)))
+    return out
+
+
+def _rule_problem(rule: LoadedRule, key: str, message: str, warning: bool = False) -> Problem:
+    line = rule.key_lines.get(key, rule.line)
+    return Problem(rule.file, line, f"rules[{rule.index}].{key}", message, warning)
+
+
+def _cross_check(loaded: Loaded) -> None:
+    seen: dict[str, LoadedRule] = {}
+    kind = loaded.config.sources.kind
+    for item in loaded.rules:
+        rule = item.rule
+        if rule.name in seen:
+            first = seen[rule.name]
+            loaded.problems.append(
+                _rule_problem(
+                    item, "name", f"duplicate rule name {rule.name!r} (first at {first.file}:{first.line})"
+                )
+            )
+        seen.setdefault(rule.name, item)
+        if rule.expr is not None:
+            if kind != "prometheus":
+                loaded.problems.append(
+                    _rule_problem(
+                        item,
+                        "expr",
+                        "raw PromQL needs the prometheus source; this config scrapes /metrics",
+                    )
+                )
+            if rule.group_by is not None:
+                loaded.problems.append(
+                    _rule_problem(item, "group_by", "group_by applies to signals; write `sum by` in expr")
+                )
+        for action in rule.actions:
+            if action not in loaded.actions:
+                known = ", ".join(sorted(loaded.actions)) or "none"
+                loaded.problems.append(
+                    _rule_problem(item, "actions", f"unknown action {action!r}; configured: {known}")
+                )
+        baseline_signal = rule.condition.baseline_signal
+        if baseline_signal is not None:
+            if baseline_signal not in CATALOG:
+                loaded.problems.append(
+                    _rule_problem(item, "condition", f"baseline.{baseline_signal}: no such signal")
+                )
+            elif loaded.baseline is None:
+                loaded.problems.append(
+                    _rule_problem(
+                        item,
+                        "condition",
+                        "refers to the baseline, but no baseline file is configured: "
+                        "the rule reports an error until one is",
+                        warning=True,
+                    )
+                )
+            elif baseline_signal not in loaded.baseline.signals:
+                loaded.problems.append(
+                    _rule_problem(item, "condition", f"the baseline has no value for {baseline_signal!r}")
+                )
+
+
+def _load_actions(config: Config, data: Any, label: str, problems: list[Problem]) -> dict[str, Action]:
+    actions: dict[str, Action] = {}
+    declared: dict[str, Any] = {**BUILTIN_INSTANCES, **config.actions}
+    for name, raw in declared.items():
+        where = ("actions", name)
+        if not isinstance(raw, dict) or "type" not in raw:
+            problems.append(Problem(label, line_of(data, where), f"actions.{name}", "needs a `type`"))
+            continue
+        cls = ACTION_TYPES.get(str(raw["type"]))
+        if cls is None:
+            known = ", ".join(sorted(ACTION_TYPES))
+            problems.append(
+                Problem(
+                    label,
+                    line_of(data, (*where, "type")),
+                    f"actions.{name}.type",
+                    f"unknown action type {raw['type']!r}; known: {known}",
+                )
+            )
+            continue
+        try:
+            params: BaseModel = cls.Params.model_validate(raw)
+        except ValidationError as exc:
+            problems.extend(validation_problems(label, data, exc, prefix=where))
+            continue
+        actions[name] = cls(name, params)  # type: ignore[arg-type]
+    return actions
+
+
+def _load_baseline(config: Config, data: Any, label: str, problems: list[Problem]) -> Baseline | None:
+    if config.baseline is None:
+        return None
+    path = config.baseline
+    try:
+        raw = load_yaml(path)  # JSON is YAML: this keeps line numbers for errors
+    except FileProblems as exc:
+        problems.extend(exc.problems)
+        return None
+    try:
+        return Baseline.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(validation_problems(str(path), raw, exc))
+        return None
+
+
+def _check_token_file(config: Config, data: Any, label: str, problems: list[Problem]) -> None:
+    prometheus = config.sources.prometheus
+    if prometheus is None or prometheus.bearer_token_file is None:
+        return
+    path = prometheus.bearer_token_file
+    where = ("sources", "prometheus", "bearer_token_file")
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        problems.append(
+            Problem(label, line_of(data, where), ".".join(where), f"cannot read {path}: {exc.strerror}")
+        )
+        return
+    if not token:
+        problems.append(Problem(label, line_of(data, where), ".".join(where), f"{path} is empty"))

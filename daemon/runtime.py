@@ -1,0 +1,359 @@
+"""The running daemon: wires config, source, engine, store, dispatcher, scheduler and HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from daemon import systemd
+from daemon.config import Config
+from daemon.dispatcher import Dispatcher
+from daemon.durations import format_duration
+from daemon.engine import SeriesState, State, Verdict
+from daemon.evaluation import evaluate_rule
+from daemon.loading import Loaded, LoadedRule, load
+from daemon.selfmetrics import DaemonMetrics
+from daemon.sources.base import Source
+from daemon.store import Store
+
+log = logging.getLogger("specguard")
+
+STORE_FILE = "specguard.db"
+
+
+def make_source(config: Config, retention: float) -> Source:
+    """The configured source. Prometheus is imported only when it is used."""
+    if config.sources.prometheus is not None:
+        from daemon.sources.prometheus import PrometheusSource
+
+        p = config.sources.prometheus
+        return PrometheusSource(
+            p.url, p.timeout, bearer_token_file=p.bearer_token_file, verify_tls=p.verify_tls
+        )
+    from daemon.sources.scrape import ScrapeSource
+
+    scrape = config.scrape
+    return ScrapeSource(list(scrape.targets), timeout=scrape.timeout, retention=retention)
+
+
+def retention_for(loaded: Loaded) -> float:
+    """How long the scrape source must keep samples: the longest window, plus slack."""
+    windows = [r.rule.window for r in loaded.enabled_rules()] or [300.0]
+    return max(windows) + 2 * loaded.config.interval + 30
+
+
+def scrape_every(loaded: Loaded) -> float:
+    """Scrape often enough that every window holds several samples."""
+    windows = [r.rule.window for r in loaded.enabled_rules()] or [300.0]
+    return max(1.0, min(loaded.config.interval, min(windows) / 4))
+
+
+class Daemon:
+    def __init__(
+        self,
+        loaded: Loaded,
+        config_file: Path | None = None,
+        rule_files: Sequence[str] = (),
+        overrides: Mapping[str, Any] | None = None,
+    ):
+        self.loaded = loaded
+        self.config_file = config_file
+        self.rule_files = list(rule_files)
+        self.overrides = dict(overrides or {})
+        self.metrics = DaemonMetrics()
+        self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
+        self.source: Source = make_source(loaded.config, retention_for(loaded))
+        self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
+        self.states: dict[str, dict[str, SeriesState]] = {}
+        self.rule_errors: dict[str, str | None] = {}
+        self.scheduler: AsyncIOScheduler | None = None
+        self.started_at = time.time()
+        self.last_round: float | None = None
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._site_runner: Any = None
+        self.port: int | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from daemon.server import start_server
+
+        await self.store.open()
+        configured = {r.name for r in self.loaded.rules}
+        dropped = await self.store.forget_rules(configured)
+        if dropped:
+            log.info("forgot the state of %d rule(s) no longer configured", dropped)
+        self.states = await self.store.load_states()
+        firing = sum(1 for s in self._all_series() if s.state is State.FIRING)
+        log.info(
+            "state loaded from %s: %d series, %d firing",
+            self.store.path,
+            sum(len(v) for v in self.states.values()),
+            firing,
+        )
+        await self.dispatcher.run()  # runs left unfinished by the previous process
+        self._site_runner, self.port = await start_server(self)
+        self._start_scheduler()
+        self._install_signal_handlers()
+        wd = systemd.watchdog_interval()
+        if wd:
+            self._spawn(self._watchdog(wd))
+        systemd.notify("READY=1", f"STATUS=evaluating {len(self.loaded.enabled_rules())} rules")
+        log.info(
+            "specguard running: %d rules, source %s, http://%s:%s, dry_run=%s",
+            len(self.loaded.enabled_rules()),
+            self.loaded.config.sources.kind,
+            self.loaded.config.listen,
+            self.port,
+            self.loaded.config.dry_run,
+        )
+
+    async def run_until_stopped(self) -> None:
+        await self.start()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.shutdown()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def shutdown(self) -> None:
+        systemd.notify("STOPPING=1")
+        log.info("stopping")
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._site_runner is not None:
+            await self._site_runner.cleanup()
+        await self.source.close()
+        await self.store.close()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
+
+    async def _watchdog(self, every: float) -> None:
+        # On the event loop on purpose: a stuck loop stops the pings and systemd restarts us.
+        while True:
+            systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(every)
+
+    # --- scheduling ------------------------------------------------------------------------------
+
+    def _interval_of(self, item: LoadedRule) -> float:
+        return item.rule.interval or self.loaded.config.interval
+
+    def _start_scheduler(self) -> None:
+        self.scheduler = AsyncIOScheduler(
+            timezone="UTC",
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        self.scheduler.add_listener(self._on_overrun, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
+        self._schedule_jobs()
+        self.scheduler.start()
+
+    def _schedule_jobs(self) -> None:
+        assert self.scheduler is not None
+        for job in self.scheduler.get_jobs():
+            job.remove()
+        now = _utcnow()
+        if self.loaded.config.sources.kind == "scrape":
+            every = scrape_every(self.loaded)
+            self.scheduler.add_job(
+                self._refresh, IntervalTrigger(seconds=every), id="scrape", next_run_time=now
+            )
+        intervals = sorted({self._interval_of(r) for r in self.loaded.enabled_rules()})
+        for interval in intervals:
+            self.scheduler.add_job(
+                self.evaluate_round,
+                IntervalTrigger(seconds=interval),
+                args=[interval],
+                id=f"evaluate-{format_duration(interval)}",
+                next_run_time=now,
+            )
+
+    def _on_overrun(self, event: JobExecutionEvent) -> None:
+        self.metrics.overruns.labels(event.job_id).inc()
+        log.warning("%s: skipped a round, the previous one was still running or late", event.job_id)
+
+    async def _refresh(self) -> None:
+        await self.source.refresh()
+        errors: Mapping[str, str] = getattr(self.source, "last_errors", {})
+        for target, message in errors.items():
+            self.metrics.source_errors.labels(self.source.kind).inc()
+            log.debug("scrape %s failed: %s", target, message)
+
+    # --- evaluation ------------------------------------------------------------------------------
+
+    async def evaluate_round(self, interval: float | None = None) -> None:
+        """Evaluate the enabled rules of one interval (all of them when ``interval`` is None)."""
+        started = time.monotonic()
+        now = time.time()
+        rules = [
+            r for r in self.loaded.enabled_rules() if interval is None or self._interval_of(r) == interval
+        ]
+        for item in rules:
+            try:
+                await self._evaluate_one(item, now)
+            except Exception:  # one rule's failure must not stop the others
+                log.exception("rule %s: evaluation failed", item.name)
+                self.metrics.evaluations.labels(item.name, Verdict.ERROR.value).inc()
+        label = format_duration(interval) if interval else "all"
+        self.metrics.evaluation_duration.labels(label).observe(time.monotonic() - started)
+        self.last_round = time.time()
+        self.metrics.last_evaluation.set(self.last_round)
+
+    async def _evaluate_one(self, item: LoadedRule, now: float) -> None:
+        name = item.name
+        outcome = await evaluate_rule(item, self.source, self.loaded.baseline, self.states.get(name, {}), now)
+        records = [self.dispatcher.record(item, event) for event in outcome.events]
+        pending = await self.store.commit_evaluation(name, outcome.states, records)
+        self.states[name] = outcome.states
+        self._note_error(name, outcome.error)
+        verdicts = list(outcome.verdicts.values()) or [Verdict.ERROR if outcome.error else Verdict.NO_DATA]
+        for verdict in verdicts:
+            self.metrics.evaluations.labels(name, verdict.value).inc()
+        for state in State:
+            count = sum(1 for s in outcome.states.values() if s.state is state)
+            self.metrics.rule_series.labels(name, state.value).set(count)
+        for record in records:
+            event = record.event
+            self.metrics.events.labels(name, event.kind.value).inc()
+            log.info(
+                "%s: %s -> %s: %s",
+                name,
+                event.previous.value,
+                event.kind.value,
+                record.summary,
+                extra={"rule": name, "labels": dict(event.labels), "value": event.value},
+            )
+        if pending:
+            await self.dispatcher.run(pending)
+
+    def _note_error(self, rule: str, error: str | None) -> None:
+        if error != self.rule_errors.get(rule):
+            if error:
+                self.metrics.source_errors.labels(self.source.kind).inc()
+                log.warning("rule %s: %s", rule, error)
+            elif self.rule_errors.get(rule):
+                log.info("rule %s: evaluating again", rule)
+        self.rule_errors[rule] = error
+
+    def _all_series(self) -> list[SeriesState]:
+        return [s for states in self.states.values() for s in states.values()]
+
+    # --- reload ----------------------------------------------------------------------------------
+
+    async def reload(self) -> bool:
+        """Re-read the config (SIGHUP). An invalid new config leaves the running one in place."""
+        systemd.reloading()
+        try:
+            new = await asyncio.to_thread(load, self.config_file, self.rule_files, self.overrides)
+            if not new.ok:
+                self.metrics.config_reloads.labels("failed").inc()
+                for problem in new.errors:
+                    log.error("reload: %s", problem)
+                log.error(
+                    "reload failed: keeping the running configuration (%d problems)",
+                    len(new.errors),
+                )
+                return False
+            old = self.loaded
+            if (old.config.listen, old.config.port) != (new.config.listen, new.config.port):
+                log.warning("reload: listen address changes take effect after a restart")
+            if old.config.resolved_state_dir() != new.config.resolved_state_dir():
+                log.warning("reload: state_dir changes take effect after a restart")
+            if old.config.sources != new.config.sources or retention_for(old) != retention_for(new):
+                await self.source.close()
+                self.source = make_source(new.config, retention_for(new))
+            self.loaded = new
+            self.dispatcher.actions = dict(new.actions)
+            self.dispatcher.dry_run = new.config.dry_run
+            configured = {r.name for r in new.rules}
+            for name in list(self.states):
+                if name not in configured:
+                    del self.states[name]
+            await self.store.forget_rules(configured)
+            if self.scheduler is not None:
+                self._schedule_jobs()
+            self.metrics.config_reloads.labels("ok").inc()
+            log.info("reloaded: %d rules", len(new.enabled_rules()))
+            return True
+        finally:
+            systemd.notify("READY=1")
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def status(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for item in self.loaded.enabled_rules():
+            rule = item.rule
+            common = {
+                "rule": rule.name,
+                "signal": rule.signal,
+                "expr": rule.expr,
+                "condition": str(rule.condition),
+                "severity": rule.severity.value,
+                "shadow": rule.shadow,
+                "error": self.rule_errors.get(rule.name),
+            }
+            states = self.states.get(rule.name, {})
+            if not states:
+                rows.append(
+                    {
+                        **common,
+                        "labels": {},
+                        "state": State.INACTIVE.value,
+                        "value": None,
+                        "threshold": None,
+                        "verdict": None,
+                        "since": None,
+                    }
+                )
+            for series in states.values():
+                rows.append(
+                    {
+                        **common,
+                        "labels": dict(series.labels),
+                        "state": series.state.value,
+                        "value": series.value,
+                        "threshold": series.threshold,
+                        "verdict": series.verdict.value if series.verdict else None,
+                        "since": series.since,
+                        "error": series.error or common["error"],
+                    }
+                )
+        return rows
+
+
+def _utcnow() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)

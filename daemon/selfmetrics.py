@@ -1,0 +1,54 @@
+"""The daemon's own metrics, on its /metrics endpoint (a private registry, never the global one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class DaemonMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.evaluations = Counter(
+            "specguard_evaluations",
+            "Series evaluations by rule and verdict",
+            ["rule", "result"],
+            registry=r,
+        )
+        self.rule_series = Gauge(
+            "specguard_rule_series",
+            "Series of each rule in each state",
+            ["rule", "state"],
+            registry=r,
+        )
+        self.source_errors = Counter(
+            "specguard_source_errors", "Failed source queries or scrapes", ["source"], registry=r
+        )
+        self.evaluation_duration = Histogram(
+            "specguard_evaluation_duration_seconds",
+            "Time one evaluation round took",
+            ["interval"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.overruns = Counter(
+            "specguard_evaluation_overruns",
+            "Evaluation rounds skipped because the previous round was still running or late",
+            ["interval"],
+            registry=r,
+        )
+        self.events = Counter("specguard_events", "State transitions", ["rule", "kind"], registry=r)
+        self.action_runs = Counter(
+            "specguard_action_runs",
+            "Action runs by action and status",
+            ["action", "status"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "specguard_config_reloads", "Config reloads by result", ["result"], registry=r
+        )
+        self.last_evaluation = Gauge(
+            "specguard_last_evaluation_timestamp_seconds",
+            "When the last round finished",
+            registry=r,
+        )

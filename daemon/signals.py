@@ -1,0 +1,250 @@
+"""The signal catalog: the only place that spells vLLM metric names.
+
+A signal is a quantity an operator writes rules about (``acceptance_rate``, ``e2e_latency_p95``...).
+Each one says which vLLM metrics it is computed from, for every vLLM version specguard supports, and
+how: a ratio of counter rates, a histogram quantile, a gauge average or a counter rate. Both sources
+compute the same thing from this description: the Prometheus source as PromQL, the scrape source from
+its own ring of ``/metrics`` samples.
+
+Where vLLM renamed a metric, a ``Metric`` lists the names newest first; the first one present wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from daemon.durations import format_duration
+
+
+class Kind(StrEnum):
+    RATIO = "ratio"  # offset + rate(numerator) / rate(denominator), per group
+    PER_POSITION = "per_position"  # rate(numerator) by position / rate(denominator)
+    QUANTILE = "quantile"  # histogram_quantile over rate(buckets)
+    GAUGE = "gauge"  # average of a gauge over the window
+    RATE = "rate"  # per-second rate of a counter
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One vLLM metric as exposed on ``/metrics``, newest name first.
+
+    ``names`` are exposition names: counters with ``_total``, histograms without ``_bucket``.
+    ``since`` documents the vLLM version range of each name, in the same order.
+    """
+
+    names: tuple[str, ...]
+    since: tuple[str, ...]
+    type: str  # counter | gauge | histogram
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.since):
+            raise ValueError("every metric name needs its version note")
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    description: str
+    unit: str  # ratio | seconds | tokens | per_second | requests | tokens_per_second
+    kind: Kind
+    metric: Metric  # numerator, histogram, gauge or counter
+    denominator: Metric | None = None
+    offset: float = 0.0
+    quantile: float | None = None
+    intrinsic_labels: tuple[str, ...] = ()  # labels the signal always keeps (position)
+    requires_speculation: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    def promql(self, window: float, group_by: Sequence[str]) -> str:
+        """The PromQL expression computing this signal over ``window`` seconds, per ``group_by``."""
+        rng = format_duration(window)
+        groups = _unique([*group_by, *self.intrinsic_labels])
+        if self.kind is Kind.RATIO:
+            assert self.denominator is not None
+            expr = f"{_sum_rate(self.metric, rng, groups)} / ({_sum_rate(self.denominator, rng, groups)} > 0)"
+            return f"{_number(self.offset)} + {expr}" if self.offset else expr
+        if self.kind is Kind.PER_POSITION:
+            assert self.denominator is not None
+            outer = ", ".join(g for g in groups if g not in self.intrinsic_labels)
+            return (
+                f"{_sum_rate(self.metric, rng, groups)} / on ({outer}) group_left () "
+                f"({_sum_rate(self.denominator, rng, [g for g in groups if g not in self.intrinsic_labels])} > 0)"
+            )
+        if self.kind is Kind.QUANTILE:
+            assert self.quantile is not None
+            by = ", ".join([*groups, "le"])
+            parts = [f"sum by ({by}) (rate({name}_bucket[{rng}]))" for name in self.metric.names]
+            return f"histogram_quantile({_number(self.quantile)}, {_or(parts)})"
+        if self.kind is Kind.GAUGE:
+            by = ", ".join(groups)
+            parts = [f"avg by ({by}) (avg_over_time({name}[{rng}]))" for name in self.metric.names]
+            return _or(parts)
+        if self.kind is Kind.RATE:
+            return _sum_rate(self.metric, rng, groups)
+        raise AssertionError(self.kind)
+
+
+def _unique(items: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _number(value: float) -> str:
+    return repr(float(value)).removesuffix(".0") if value == int(value) else repr(value)
+
+
+def _or(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
+
+
+def _sum_rate(metric: Metric, rng: str, groups: Sequence[str]) -> str:
+    by = ", ".join(groups)
+    return _or([f"sum by ({by}) (rate({name}[{rng}]))" for name in metric.names])
+
+
+# --- the vLLM metrics (vLLM 0.9 - 0.34, V1 engine; see the reference on renames) -------------------
+
+SPEC_ACCEPTED = Metric(
+    ("vllm:spec_decode_num_accepted_tokens_total",), ("0.8.3+ (V1; same name in V0)",), "counter"
+)
+SPEC_DRAFT_TOKENS = Metric(
+    ("vllm:spec_decode_num_draft_tokens_total",), ("0.8.3+ (V1; same name in V0)",), "counter"
+)
+SPEC_DRAFTS = Metric(("vllm:spec_decode_num_drafts_total",), ("0.8.5+",), "counter")
+SPEC_ACCEPTED_PER_POS = Metric(
+    ("vllm:spec_decode_num_accepted_tokens_per_pos_total",), ("0.8.5+",), "counter"
+)
+E2E_LATENCY = Metric(("vllm:e2e_request_latency_seconds",), ("all",), "histogram")
+TTFT = Metric(("vllm:time_to_first_token_seconds",), ("all",), "histogram")
+ITL = Metric(
+    ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    ("0.10.2+", "up to 0.14 (deprecated 0.11, hidden 0.12-0.14)"),
+    "histogram",
+)
+KV_CACHE = Metric(
+    ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ("0.9.2+", "up to 0.11 (removed 0.12)"),
+    "gauge",
+)
+PREEMPTIONS = Metric(("vllm:num_preemptions_total",), ("all",), "counter")
+RUNNING = Metric(("vllm:num_requests_running",), ("all",), "gauge")
+WAITING = Metric(("vllm:num_requests_waiting",), ("all",), "gauge")
+GENERATION_TOKENS = Metric(("vllm:generation_tokens_total",), ("all",), "counter")
+REQUEST_SUCCESS = Metric(("vllm:request_success_total",), ("all",), "counter")
+
+
+def _quantile(name: str, metric: Metric, q: float, what: str) -> Signal:
+    return Signal(
+        name=name,
+        description=f"{what}, {round(q * 100)}th percentile over the window",
+        unit="seconds",
+        kind=Kind.QUANTILE,
+        metric=metric,
+        quantile=q,
+    )
+
+
+_SIGNALS: tuple[Signal, ...] = (
+    Signal(
+        name="acceptance_rate",
+        description="Accepted draft tokens / proposed draft tokens (bonus token excluded)",
+        unit="ratio",
+        kind=Kind.RATIO,
+        metric=SPEC_ACCEPTED,
+        denominator=SPEC_DRAFT_TOKENS,
+        requires_speculation=True,
+        notes=("vLLM's draft acceptance rate: below the paper's per-token alpha when k > 1",),
+    ),
+    Signal(
+        name="mean_acceptance_length",
+        description="Tokens produced per draft, bonus token included (1 = nothing accepted)",
+        unit="tokens",
+        kind=Kind.RATIO,
+        metric=SPEC_ACCEPTED,
+        denominator=SPEC_DRAFTS,
+        offset=1.0,
+        requires_speculation=True,
+    ),
+    Signal(
+        name="acceptance_by_position",
+        description="Share of drafts whose tokens 0..i were all accepted, per draft position i",
+        unit="ratio",
+        kind=Kind.PER_POSITION,
+        metric=SPEC_ACCEPTED_PER_POS,
+        denominator=SPEC_DRAFTS,
+        intrinsic_labels=("position",),
+        requires_speculation=True,
+    ),
+    _quantile("e2e_latency_p50", E2E_LATENCY, 0.5, "End-to-end request latency"),
+    _quantile("e2e_latency_p95", E2E_LATENCY, 0.95, "End-to-end request latency"),
+    _quantile("e2e_latency_p99", E2E_LATENCY, 0.99, "End-to-end request latency"),
+    _quantile("ttft_p95", TTFT, 0.95, "Time to first token"),
+    _quantile("itl_p50", ITL, 0.5, "Inter-token latency (one interval may carry several tokens)"),
+    _quantile("itl_p95", ITL, 0.95, "Inter-token latency (one interval may carry several tokens)"),
+    Signal(
+        name="kv_cache_usage",
+        description="KV-cache usage, fraction 0-1, averaged over the window",
+        unit="ratio",
+        kind=Kind.GAUGE,
+        metric=KV_CACHE,
+    ),
+    Signal(
+        name="preemption_rate",
+        description="Preemptions per second",
+        unit="per_second",
+        kind=Kind.RATE,
+        metric=PREEMPTIONS,
+    ),
+    Signal(
+        name="running_requests",
+        description="Requests in the running batch, averaged over the window",
+        unit="requests",
+        kind=Kind.GAUGE,
+        metric=RUNNING,
+    ),
+    Signal(
+        name="waiting_requests",
+        description="Requests waiting to be scheduled, averaged over the window",
+        unit="requests",
+        kind=Kind.GAUGE,
+        metric=WAITING,
+    ),
+    Signal(
+        name="generation_throughput",
+        description="Generated tokens per second",
+        unit="tokens_per_second",
+        kind=Kind.RATE,
+        metric=GENERATION_TOKENS,
+    ),
+    Signal(
+        name="request_rate",
+        description="Finished requests per second (every finish reason)",
+        unit="per_second",
+        kind=Kind.RATE,
+        metric=REQUEST_SUCCESS,
+    ),
+)
+
+CATALOG: dict[str, Signal] = {signal.name: signal for signal in _SIGNALS}
+
+# Labels every signal keeps unless a rule says otherwise: one series per vLLM server and model.
+DEFAULT_GROUP_BY: tuple[str, ...] = ("instance", "model_name")
+
+
+def get_signal(name: str) -> Signal:
+    try:
+        return CATALOG[name]
+    except KeyError:
+        known = ", ".join(sorted(CATALOG))
+        raise KeyError(f"unknown signal {name!r}; known signals: {known}") from None
+
+
+def metric_names() -> set[str]:
+    """Every exposition family name the catalog reads (for filtering a scrape)."""
+    names: set[str] = set()
+    for signal in _SIGNALS:
+        for metric in (signal.metric, signal.denominator):
+            if metric is not None:
+                names.update(metric.names)
+    return names

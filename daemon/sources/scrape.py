@@ -1,0 +1,376 @@
+"""The scrape source: reads vLLM ``/metrics`` directly and computes the catalog's signals itself.
+
+Each target keeps a ring of (timestamp, snapshot) pairs covering ``retention`` seconds. A query
+takes the samples inside ``[now - window, now]`` and evaluates what ``Signal.promql`` says, with
+Prometheus's semantics: ``sum by`` aggregation, the ``> 0`` filter on denominators, counter resets,
+``histogram_quantile``'s bucket algorithm and ``instance`` = host:port of the target.
+
+One deliberate difference: ``rate`` is the increase between the first and the last sample in the
+window divided by the time between them, with no extrapolation. Prometheus extrapolates the
+increase towards the window edges and divides by the whole window, which gives about the same
+per-second value; and as series of one target share their scrape times, the factor is the same
+for numerator and denominator, so ratios, per-position shares and quantiles do not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import math
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import pairwise
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from daemon.exposition import Labels, Snapshot, parse_exposition
+from daemon.signals import Kind, Metric, Signal
+from daemon.sources.base import SourceResult
+
+log = logging.getLogger(__name__)
+
+_Point = tuple[float, float]  # (timestamp, value)
+_Window = list[tuple[float, Snapshot]]
+_Key = tuple[str, ...]  # values of the group-by labels, "" where a label is absent
+_Item = tuple[dict[str, str], float]
+
+# Ask for the classic text format: prometheus_client's text parser does not read OpenMetrics.
+_ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
+_RAW_PROMQL = "raw PromQL (expr) needs the prometheus source; the scrape source computes catalog signals only"
+
+
+class _HTTPStatusError(Exception):
+    pass
+
+
+class ScrapeSource:
+    """Scrapes vLLM ``/metrics`` endpoints and answers signal queries from its own sample rings."""
+
+    kind = "scrape"
+
+    def __init__(
+        self,
+        targets: Sequence[str],
+        timeout: float,
+        retention: float,
+        session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if timeout <= 0 or retention <= 0:
+            raise ValueError("scrape timeout and retention must be positive")
+        self.targets: tuple[str, ...] = tuple(dict.fromkeys(targets))
+        self.last_errors: dict[str, str] = {}
+        self._timeout = timeout
+        self._retention = retention
+        self._clock = clock
+        self._session = session
+        self._owns_session = session is None
+        self._rings: dict[str, deque[tuple[float, Snapshot]]] = {t: deque() for t in self.targets}
+        # Overlapping refreshes could store samples out of order; one at a time keeps rings sorted.
+        self._refresh_lock = asyncio.Lock()
+
+    # --- taking samples ---------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Scrape every target once, concurrently. Never raises: failures go to ``last_errors``."""
+        if not self.targets:
+            return
+        async with self._refresh_lock:
+            if self._session is None:
+                # Created here, not in __init__, because aiohttp wants a running event loop.
+                self._session = aiohttp.ClientSession()
+            session = self._session
+            await asyncio.gather(*(self._scrape(session, target) for target in self.targets))
+
+    def ingest(self, target: str, text: str, ts: float) -> None:
+        """Store ``text`` as ``target``'s sample taken at ``ts``: a scrape without HTTP."""
+        try:
+            snapshot = parse_exposition(text)
+        except ValueError as exc:
+            self._fail(target, str(exc), ts)
+            return
+        self._store(target, snapshot, ts)
+
+    async def _scrape(self, session: aiohttp.ClientSession, target: str) -> None:
+        ts = self._clock()  # like Prometheus, a sample is stamped with its scrape's start
+        try:
+            text = await self._fetch(session, target)
+            # Parsing a vLLM page costs ~8 ms of pure Python: keep it off the event loop.
+            snapshot = await asyncio.to_thread(parse_exposition, text)
+        except Exception as exc:  # one bad target must not spoil the round for the others
+            self._fail(target, self._describe(exc), ts)
+            return
+        self._store(target, snapshot, ts)
+
+    async def _fetch(self, session: aiohttp.ClientSession, target: str) -> str:
+        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        async with session.get(target, timeout=timeout, headers={"Accept": _ACCEPT}) as response:
+            if response.status != 200:
+                raise _HTTPStatusError(f"HTTP {response.status} {response.reason or ''}".strip())
+            body = await response.read()
+        return body.decode("utf-8", errors="replace")
+
+    def _describe(self, exc: Exception) -> str:
+        if isinstance(exc, TimeoutError):
+            return f"timed out after {self._timeout:g}s"
+        if isinstance(exc, _HTTPStatusError | ValueError):
+            return str(exc)
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+    def _store(self, target: str, snapshot: Snapshot, ts: float) -> None:
+        ring = self._rings.setdefault(target, deque())
+        # A wall clock stepped back leaves samples stamped in the future: drop them so the ring
+        # stays sorted and rates never see time running backwards.
+        while ring and ring[-1][0] >= ts:
+            ring.pop()
+        ring.append((ts, snapshot))
+        self._prune(ring, ts)
+        if self.last_errors.pop(target, None) is not None:
+            log.info("scrape of %s recovered", target)
+
+    def _fail(self, target: str, message: str, ts: float) -> None:
+        if self.last_errors.get(target) != message:  # log changes, not every failed round
+            log.warning("scrape of %s failed: %s", target, message)
+        self.last_errors[target] = message
+        self._prune(self._rings.setdefault(target, deque()), ts)
+
+    def _prune(self, ring: deque[tuple[float, Snapshot]], newest: float) -> None:
+        while ring and ring[0][0] < newest - self._retention:
+            ring.popleft()
+
+    # --- answering queries ------------------------------------------------------------------------
+
+    async def query_signal(self, signal: Signal, window: float, group_by: Sequence[str]) -> SourceResult:
+        now = self._clock()
+        windows = {
+            target: [(ts, snap) for ts, snap in ring if now - window <= ts <= now]
+            for target, ring in self._rings.items()
+        }
+        groups = list(dict.fromkeys([*group_by, *signal.intrinsic_labels]))
+        result = SourceResult.of(_evaluate(signal, windows, groups))
+        if not self.last_errors:
+            return result
+        errors = "; ".join(f"{target}: {error}" for target, error in self.last_errors.items())
+        return SourceResult(series=result.series, detail={"scrape_errors": errors})
+
+    async def query_expr(self, expr: str) -> SourceResult:
+        return SourceResult.failed(_RAW_PROMQL)
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None  # a later refresh opens a new one
+
+
+# --- PromQL semantics over the rings --------------------------------------------------------------
+
+
+def _evaluate(signal: Signal, windows: Mapping[str, _Window], groups: list[str]) -> list[_Item]:
+    if signal.kind is Kind.RATIO:
+        assert signal.denominator is not None
+        num = _sum_by(_rates(windows, signal.metric), groups)
+        den = _sum_by(_rates(windows, signal.denominator), groups)
+        # `num / (den > 0)`: a group without drafts in the window has no value, not NaN or 0.
+        return [
+            (_labels(groups, key), signal.offset + value / den[key])
+            for key, value in num.items()
+            if den.get(key, 0.0) > 0
+        ]
+    if signal.kind is Kind.PER_POSITION:
+        assert signal.denominator is not None
+        outer = [g for g in groups if g not in signal.intrinsic_labels]
+        num = _sum_by(_rates(windows, signal.metric), groups)
+        den = _sum_by(_rates(windows, signal.denominator), outer)
+        items = []
+        for key, value in num.items():  # `on (outer) group_left ()`: one denominator per group
+            labels = _labels(groups, key)
+            drafts = den.get(tuple(labels.get(g, "") for g in outer), 0.0)
+            if drafts > 0:
+                items.append((labels, value / drafts))
+        return items
+    if signal.kind is Kind.QUANTILE:
+        assert signal.quantile is not None
+        return _quantiles(signal.quantile, _rates(windows, signal.metric, "_bucket"), groups)
+    if signal.kind is Kind.GAUGE:
+        return _avg_by(_averages(windows, signal.metric), groups)
+    if signal.kind is Kind.RATE:
+        totals = _sum_by(_rates(windows, signal.metric), groups)
+        return [(_labels(groups, key), value) for key, value in totals.items()]
+    raise AssertionError(signal.kind)
+
+
+def instance_label(target: str) -> str:
+    """``host:port`` of a target URL, as Prometheus's default ``instance`` label."""
+    netloc = urlsplit(target).netloc
+    return netloc.rpartition("@")[2] if netloc else target
+
+
+def _series(window: _Window, metric: Metric, suffix: str) -> dict[Labels, list[_Point]]:
+    """Every series of ``metric`` in one target's window, under the name the target exposes now."""
+    if not window:
+        return {}
+    newest = window[-1][1]
+    name = next((n + suffix for n in metric.names if n + suffix in newest), None)
+    if name is None:
+        return {}
+    series: dict[Labels, list[_Point]] = {}
+    for ts, snapshot in window:
+        for labels, value in snapshot.get(name, {}).items():
+            series.setdefault(labels, []).append((ts, value))
+    return series
+
+
+def _with_instance(labels: Labels, instance: str) -> dict[str, str]:
+    out = dict(labels)
+    if "instance" in out:  # Prometheus (honor_labels: false) keeps a target's own as exported_
+        out["exported_instance"] = out.pop("instance")
+    out["instance"] = instance
+    return out
+
+
+def _rates(windows: Mapping[str, _Window], metric: Metric, suffix: str = "") -> list[_Item]:
+    items = []
+    for target, window in windows.items():
+        instance = instance_label(target)
+        for labels, points in _series(window, metric, suffix).items():
+            if len(points) >= 2:  # a rate needs two samples of the same series
+                items.append((_with_instance(labels, instance), counter_rate(points)))
+    return items
+
+
+def _averages(windows: Mapping[str, _Window], metric: Metric) -> list[_Item]:
+    items = []
+    for target, window in windows.items():
+        instance = instance_label(target)
+        for labels, points in _series(window, metric, "").items():
+            values = [value for _, value in points]
+            items.append((_with_instance(labels, instance), sum(values) / len(values)))
+    return items
+
+
+def counter_rate(points: Sequence[_Point]) -> float:
+    """Per-second increase of a counter over ``points`` (sorted, >= 2), resets included.
+
+    Computed as Prometheus does (last - first, plus the value before every decrease, a decrease
+    being a restart from 0), without Prometheus's extrapolation to the window edges.
+    """
+    increase = points[-1][1] - points[0][1]
+    for (_, previous), (_, current) in pairwise(points):
+        if current < previous:
+            increase += previous
+    return increase / (points[-1][0] - points[0][0])
+
+
+def _key(labels: Mapping[str, str], groups: Sequence[str]) -> _Key:
+    return tuple(labels.get(g, "") for g in groups)
+
+
+def _labels(groups: Sequence[str], key: _Key) -> dict[str, str]:
+    # An empty value is an absent label in Prometheus: leave it out.
+    return {g: v for g, v in zip(groups, key, strict=True) if v}
+
+
+def _sum_by(items: Iterable[_Item], groups: Sequence[str]) -> dict[_Key, float]:
+    totals: dict[_Key, float] = {}
+    for labels, value in items:
+        key = _key(labels, groups)
+        totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
+def _avg_by(items: Iterable[_Item], groups: Sequence[str]) -> list[_Item]:
+    totals: dict[_Key, list[float]] = {}
+    for labels, value in items:
+        totals.setdefault(_key(labels, groups), []).append(value)
+    return [(_labels(groups, key), sum(vals) / len(vals)) for key, vals in totals.items()]
+
+
+def _quantiles(q: float, bucket_rates: Iterable[_Item], groups: Sequence[str]) -> list[_Item]:
+    """``histogram_quantile(q, sum by (groups, le) (rate(x_bucket[w])))``."""
+    groups = [g for g in groups if g != "le"]
+    histograms: dict[_Key, list[tuple[float, float]]] = {}
+    for key, value in _sum_by(bucket_rates, [*groups, "le"]).items():
+        try:
+            upper = float(key[-1])
+        except ValueError:  # Prometheus skips buckets without a parsable `le`
+            continue
+        if not math.isnan(upper):
+            histograms.setdefault(key[:-1], []).append((upper, value))
+    return [(_labels(groups, key), bucket_quantile(q, b)) for key, b in histograms.items()]
+
+
+def bucket_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float:
+    """The q-quantile of classic histogram ``buckets`` (upper bound, cumulative count).
+
+    Prometheus's ``BucketQuantile`` (promql/quantile.go), step for step: sort by upper bound,
+    require a +Inf bucket, merge equal bounds, absorb float noise and force monotonic counts,
+    interpolate linearly inside the bucket holding the rank (lower bound 0 for the first bucket
+    unless its upper bound is <= 0), answer the highest finite bound if the rank falls in the +Inf
+    bucket. NaN means no data: no observations, fewer than 2 buckets or no +Inf bucket.
+    """
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    ordered = sorted(buckets, key=lambda bucket: bucket[0])
+    if not ordered or ordered[-1][0] != math.inf:
+        return math.nan
+    uppers: list[float] = []
+    counts: list[float] = []
+    for upper, count in ordered:  # coalesceBuckets
+        if uppers and uppers[-1] == upper:
+            counts[-1] += count
+        else:
+            uppers.append(upper)
+            counts.append(count)
+    _ensure_monotonic(counts)
+    if len(counts) < 2 or counts[-1] == 0:
+        return math.nan
+    rank = q * counts[-1]
+    b = bisect.bisect_left(counts, rank, hi=len(counts) - 1)  # sort.Search(n-1, count >= rank)
+    if b == len(counts) - 1:
+        return uppers[-2]
+    if b == 0 and uppers[0] <= 0:
+        return uppers[0]
+    start, end, count = 0.0, uppers[b], counts[b]
+    if b > 0:
+        start = uppers[b - 1]
+        count -= counts[b - 1]
+        rank -= counts[b - 1]
+    if count == 0:  # only when rank is 0 too: Go's 0/0 gives NaN where Python would raise
+        return math.nan
+    return start + (end - start) * (rank / count)
+
+
+_SMALL_DELTA_TOLERANCE = 1e-12  # promql's smallDeltaTolerance
+
+
+def _ensure_monotonic(counts: list[float]) -> None:
+    """ensureMonotonicAndIgnoreSmallDeltas: ``prev`` stays at the last count accepted."""
+    previous = counts[0]
+    for i in range(1, len(counts)):
+        current = counts[i]
+        if current == previous:
+            continue
+        if _almost_equal(previous, current, _SMALL_DELTA_TOLERANCE) or current < previous:
+            counts[i] = previous
+            continue
+        previous = current
+
+
+def _almost_equal(a: float, b: float, epsilon: float) -> bool:
+    """Prometheus's util/almost.Equal (relative comparison, absolute near zero)."""
+    if (math.isnan(a) and math.isnan(b)) or a == b:
+        return True
+    min_normal = sys.float_info.min  # Go's math.Float64frombits(0x0010000000000000)
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < min_normal:
+        return diff < epsilon * min_normal
+    return diff / min(abs_sum, sys.float_info.max) < epsilon

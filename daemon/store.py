@@ -1,0 +1,324 @@
+"""The store: specguard's memory, in SQLite (WAL).
+
+Rule series states, every event, and every action run (an outbox: a run is written as ``pending``
+in the same transaction as the state change that caused it, and marked done after it ran). A
+restarted daemon resumes from here: a firing rule is still firing and does not fire again, and a
+run that was pending or interrupted is carried out.
+
+All SQLite work happens on one writer thread, so the event loop never blocks on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from daemon.engine import Event, SeriesState, State, Verdict
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS series_state (
+    rule TEXT NOT NULL, series TEXT NOT NULL, labels TEXT NOT NULL, state TEXT NOT NULL,
+    since REAL, breach_since REAL, last_breach REAL, consecutive INTEGER NOT NULL,
+    verdict TEXT, value REAL, threshold REAL, error TEXT, last_eval REAL,
+    PRIMARY KEY (rule, series)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, rule TEXT NOT NULL,
+    series TEXT NOT NULL, labels TEXT NOT NULL, kind TEXT NOT NULL, previous TEXT NOT NULL,
+    value REAL, threshold REAL, severity TEXT NOT NULL, summary TEXT NOT NULL,
+    annotations TEXT NOT NULL, shadow INTEGER NOT NULL, dry_run INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_rule_at ON events (rule, at);
+CREATE TABLE IF NOT EXISTS action_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
+    action TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
+    detail TEXT NOT NULL DEFAULT '', created REAL NOT NULL, started REAL, finished REAL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS action_runs_status ON action_runs (status);
+"""
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """An event with what the dispatcher decided for it."""
+
+    event: Event
+    severity: str
+    summary: str
+    annotations: Mapping[str, str]
+    shadow: bool
+    dry_run: bool
+    runs: Sequence[tuple[str, str, str]]  # (action, status, reason); status pending|skipped
+
+
+@dataclass(frozen=True)
+class ActionRun:
+    id: int
+    event_id: int
+    action: str
+    status: str
+    attempts: int
+    rule: str
+    kind: str
+    labels: dict[str, str]
+    value: float | None
+    threshold: float | None
+    severity: str
+    summary: str
+    annotations: dict[str, str]
+
+
+class Store:
+    """Async facade over one SQLite database file, used from the event loop."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specguard-store")
+        self._db: sqlite3.Connection | None = None
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._with_db, fn)
+
+    def _with_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._db is None:
+            self._db = _open(self.path)
+        return fn(self._db)
+
+    async def open(self) -> None:
+        await self._call(lambda db: None)
+
+    async def close(self) -> None:
+        def shut(db: sqlite3.Connection) -> None:
+            db.close()
+            self._db = None
+
+        if self._db is not None:
+            await self._call(shut)
+        self._executor.shutdown(wait=True)
+
+    async def load_states(self) -> dict[str, dict[str, SeriesState]]:
+        return await self._call(_load_states)
+
+    async def commit_evaluation(
+        self, rule: str, states: Mapping[str, SeriesState], records: Sequence[EventRecord]
+    ) -> list[int]:
+        """Replace the rule's states and add its events and runs, atomically. Returns pending run ids."""
+        return await self._call(lambda db: _commit(db, rule, states, records))
+
+    async def forget_rules(self, keep: set[str]) -> int:
+        """Drop the states of rules that are no longer configured."""
+        return await self._call(lambda db: _forget(db, keep))
+
+    async def runs_to_do(self, ids: Sequence[int] | None = None) -> list[ActionRun]:
+        """Runs still pending, or started and never finished (the daemon stopped mid-run)."""
+        return await self._call(lambda db: _runs_to_do(db, ids))
+
+    async def start_run(self, run_id: int) -> None:
+        await self._call(
+            lambda db: _update(
+                db,
+                "UPDATE action_runs SET status='running', started=?, attempts=attempts+1 WHERE id=?",
+                (time.time(), run_id),
+            )
+        )
+
+    async def finish_run(self, run_id: int, status: str, detail: str) -> None:
+        await self._call(
+            lambda db: _update(
+                db,
+                "UPDATE action_runs SET status=?, detail=?, finished=? WHERE id=?",
+                (status, detail, time.time(), run_id),
+            )
+        )
+
+    async def events(self, rule: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return await self._call(lambda db: _events(db, rule, limit))
+
+    async def action_runs(self, limit: int = 100) -> list[dict[str, Any]]:
+        return await self._call(
+            lambda db: _rows(db, "SELECT * FROM action_runs ORDER BY id DESC LIMIT ?", (limit,))
+        )
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA foreign_keys=ON")
+    db.execute("PRAGMA busy_timeout=5000")
+    with _transaction(db):
+        # statement by statement: executescript() would commit behind the transaction's back
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row["value"]) > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{path} was written by a newer specguard (schema {row['value']}); refusing to downgrade it"
+            )
+    return db
+
+
+class _transaction:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _update(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> None:
+    db.execute(sql, params)
+
+
+def _rows(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+    return [dict(row) for row in db.execute(sql, params)]
+
+
+def _load_states(db: sqlite3.Connection) -> dict[str, dict[str, SeriesState]]:
+    out: dict[str, dict[str, SeriesState]] = {}
+    for row in db.execute("SELECT * FROM series_state"):
+        out.setdefault(row["rule"], {})[row["series"]] = SeriesState(
+            labels=json.loads(row["labels"]),
+            state=State(row["state"]),
+            since=row["since"],
+            breach_since=row["breach_since"],
+            last_breach=row["last_breach"],
+            consecutive=row["consecutive"],
+            verdict=Verdict(row["verdict"]) if row["verdict"] else None,
+            value=row["value"],
+            threshold=row["threshold"],
+            error=row["error"],
+            last_eval=row["last_eval"],
+        )
+    return out
+
+
+def _commit(
+    db: sqlite3.Connection,
+    rule: str,
+    states: Mapping[str, SeriesState],
+    records: Sequence[EventRecord],
+) -> list[int]:
+    pending: list[int] = []
+    with _transaction(db):
+        db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
+        db.executemany(
+            "INSERT INTO series_state VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [
+                (
+                    rule,
+                    key,
+                    json.dumps(dict(s.labels), sort_keys=True),
+                    s.state.value,
+                    s.since,
+                    s.breach_since,
+                    s.last_breach,
+                    s.consecutive,
+                    s.verdict.value if s.verdict else None,
+                    s.value,
+                    s.threshold,
+                    s.error,
+                    s.last_eval,
+                )
+                for key, s in states.items()
+            ],
+        )
+        for record in records:
+            e = record.event
+            cursor = db.execute(
+                "INSERT INTO events (at, rule, series, labels, kind, previous, value, threshold, severity, "
+                "summary, annotations, shadow, dry_run) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    e.at,
+                    e.rule,
+                    e.series,
+                    json.dumps(dict(e.labels), sort_keys=True),
+                    e.kind.value,
+                    e.previous.value,
+                    e.value,
+                    e.threshold,
+                    record.severity,
+                    record.summary,
+                    json.dumps(dict(record.annotations)),
+                    int(record.shadow),
+                    int(record.dry_run),
+                ),
+            )
+            event_id = cursor.lastrowid
+            for action, status, reason in record.runs:
+                run = db.execute(
+                    "INSERT INTO action_runs (event_id, action, status, reason, created) VALUES (?,?,?,?,?)",
+                    (event_id, action, status, reason, e.at),
+                )
+                if status == "pending" and run.lastrowid is not None:
+                    pending.append(run.lastrowid)
+    return pending
+
+
+def _forget(db: sqlite3.Connection, keep: set[str]) -> int:
+    rules = {row["rule"] for row in db.execute("SELECT DISTINCT rule FROM series_state")}
+    gone = rules - keep
+    with _transaction(db):
+        for rule in gone:
+            db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
+    return len(gone)
+
+
+def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None) -> list[ActionRun]:
+    sql = (
+        "SELECT r.id, r.event_id, r.action, r.status, r.attempts, e.rule, e.kind, e.labels, e.value, "
+        "e.threshold, e.severity, e.summary, e.annotations FROM action_runs r JOIN events e "
+        "ON e.id = r.event_id WHERE r.status IN ('pending', 'running')"
+    )
+    params: tuple[Any, ...] = ()
+    if ids is not None:
+        if not ids:
+            return []
+        sql += f" AND r.id IN ({','.join('?' * len(ids))})"
+        params = tuple(ids)
+    sql += " ORDER BY r.id"
+    return [
+        ActionRun(
+            id=row["id"],
+            event_id=row["event_id"],
+            action=row["action"],
+            status=row["status"],
+            attempts=row["attempts"],
+            rule=row["rule"],
+            kind=row["kind"],
+            labels=json.loads(row["labels"]),
+            value=row["value"],
+            threshold=row["threshold"],
+            severity=row["severity"],
+            summary=row["summary"],
+            annotations=json.loads(row["annotations"]),
+        )
+        for row in db.execute(sql, params)
+    ]
+
+
+def _events(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[str, Any]]:
+    if rule is None:
+        return _rows(db, "SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
+    return _rows(db, "SELECT * FROM events WHERE rule=? ORDER BY id DESC LIMIT ?", (rule, limit))

@@ -1,0 +1,39 @@
+"""sd_notify(3) without a dependency: READY, RELOADING, STOPPING, STATUS and the watchdog."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+
+def notify(*lines: str) -> bool:
+    """Send ``KEY=VALUE`` lines to systemd. A no-op (False) when not run by systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address or address[0] not in "/@":
+        return False
+    if address[0] == "@":
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall("\n".join(lines).encode())
+    except OSError:
+        return False
+    return True
+
+
+def reloading() -> bool:
+    return notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+
+
+def watchdog_interval() -> float | None:
+    """Seconds between watchdog pings (half of WatchdogSec), or None when no watchdog is set."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return int(usec) / 2e6
+    except ValueError:
+        return None

@@ -1,0 +1,163 @@
+"""The rule file schema: typed records, validated with pydantic; unknown keys are errors."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    field_validator,
+    model_validator,
+)
+
+from daemon.durations import Duration
+from daemon.signals import CATALOG
+from rules.conditions import Condition, parse_condition
+from rules.templates import check_template
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class NoDataPolicy(StrEnum):
+    """What a rule does when its query returns nothing (vLLM down, no traffic, no speculation)."""
+
+    KEEP = "keep"  # keep the current state and timers
+    OK = "ok"  # count as ok: a firing rule resolves
+    BREACH = "breach"  # count as a breach: missing data is itself the problem
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+def _condition(value: Any) -> Condition:
+    if isinstance(value, Condition):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError("a condition needs an operator, e.g. '< 0.5' (quote it in YAML)")
+    return parse_condition(value)
+
+
+ConditionField = Annotated[Condition, PlainSerializer(str)]
+
+
+def _template(value: str) -> str:
+    check_template(value)
+    return value
+
+
+Template = Annotated[str, AfterValidator(_template)]
+
+
+class AlertMatch(BaseModel):
+    """Alertmanager alerts a rule reacts to (webhook trigger): label name -> exact value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    labels: dict[str, str] = Field(min_length=1)
+    status: str = "firing"
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, value: str) -> str:
+        if value not in {"firing", "resolved", "any"}:
+            raise ValueError("status must be firing, resolved or any")
+        return value
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    signal: str | None = None
+    expr: str | None = None
+    window: Duration = 300.0
+    interval: Duration | None = None  # None: the config's evaluation interval
+    condition: ConditionField
+    for_: Duration = Field(0.0, alias="for")
+    keep_firing_for: Duration = 0.0
+    consecutive: int = Field(1, ge=1)  # breaching evaluations in a row needed to fire
+    no_data: NoDataPolicy = NoDataPolicy.KEEP
+    group_by: tuple[str, ...] | None = None  # None: the signal's default labels
+    severity: Severity = Severity.WARNING
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, Template] = Field(default_factory=dict)
+    actions: tuple[str, ...] = ("log",)
+    enabled: bool = True
+    shadow: bool = False  # evaluate and record, never act
+    alert: AlertMatch | None = None  # reserved: Alertmanager webhook trigger
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("use letters, digits, '_', '.' or '-', starting with a letter or '_'")
+        return value
+
+    @field_validator("condition", mode="before")
+    @classmethod
+    def _parse_condition(cls, value: Any) -> Condition:
+        return _condition(value)
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("the window must be at least 1s")
+        return value
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: float | None) -> float | None:
+        if value is not None and value < 0.1:
+            raise ValueError("the interval must be at least 100ms")
+        return value
+
+    @field_validator("group_by")
+    @classmethod
+    def _group_by(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for label in value or ():
+            if not _LABEL.match(label) or label == "le":
+                raise ValueError(f"{label!r} is not a label name that can be grouped by")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for label in value:
+            if not _LABEL.match(label):
+                raise ValueError(f"{label!r} is not a valid label name")
+        return value
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, value: str | None) -> str | None:
+        if value is not None and value not in CATALOG:
+            raise ValueError(f"unknown signal {value!r}; known: {', '.join(sorted(CATALOG))}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_query(self) -> Rule:
+        if (self.signal is None) == (self.expr is None):
+            raise ValueError("give exactly one of `signal` (from the catalog) or `expr` (PromQL)")
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+
+class RuleFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rules: list[Rule]

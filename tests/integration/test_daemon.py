@@ -1,0 +1,262 @@
+"""The daemon as an operator runs it: `specguard run` in its own process, against a local server
+replaying a real vLLM 0.32.0 capture, with its state in a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
+
+from tests.replay import ReplayedVllm
+
+# The replayed server's acceptance is 30 accepted / 50 drafted = 0.6 in every window.
+RULES = """\
+rules:
+  - name: acceptance_below_07
+    signal: acceptance_rate
+    window: 10s
+    interval: 500ms
+    condition: "{condition}"
+    for: 1s
+    severity: critical
+    annotations:
+      summary: "acceptance {{value:.2f}} on {{labels[instance]}}"
+"""
+
+
+class Daemon:
+    """One `specguard run` process."""
+
+    def __init__(self, config: Path, port: int, log: Path):
+        self.config, self.port, self.log = config, port, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "daemon",
+                    "run",
+                    "--config",
+                    str(self.config),
+                    "--log-format",
+                    "json",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=15)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def logs(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        timeout = aiohttp.ClientTimeout(total=2)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(self.url + path) as response,
+        ):
+            if response.content_type == "application/json":
+                return response.status, await response.json()
+            return response.status, await response.text()
+
+    async def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20
+    ) -> dict[str, Any]:
+        """Poll /api/status until ``predicate`` holds for it."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                pytest.fail(f"specguard exited with {self.process.returncode}:\n{self.log.read_text()}")
+            try:
+                status, body = await self.get("/api/status")
+                last = body
+                if status == 200 and predicate(body):
+                    return dict(body)
+            except aiohttp.ClientError:
+                pass  # not listening yet
+            await asyncio.sleep(0.2)
+        pytest.fail(f"status never matched; last: {last}\nlog:\n{self.log.read_text()[-3000:]}")
+
+
+def _state(body: dict[str, Any], rule: str = "acceptance_below_07") -> list[dict[str, Any]]:
+    return [row for row in body["rules"] if row["rule"] == rule]
+
+
+@pytest.fixture
+async def vllm(aiohttp_server: AiohttpServer) -> str:
+    replay = ReplayedVllm()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=replay(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    return f"http://127.0.0.1:{server.port}/metrics"
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, vllm: str, unused_tcp_port: int) -> AsyncIterator[Daemon]:
+    (tmp_path / "rules.yaml").write_text(RULES.format(condition="< 0.7"))
+    config = tmp_path / "specguard.yaml"
+    config.write_text(
+        f"port: {unused_tcp_port}\n"
+        f"state_dir: state\n"
+        f"interval: 500ms\n"
+        f"sources: {{scrape: {{targets: ['{vllm}'], timeout: 2s}}}}\n"
+        f"rules: [rules.yaml]\n"
+    )
+    running = Daemon(config, unused_tcp_port, tmp_path / "specguard.log")
+    yield running
+    if running.process is not None and running.process.poll() is None:
+        running.process.kill()
+        running.process.wait()
+
+
+def _firing_events(state_dir: Path) -> list[sqlite3.Row]:
+    with sqlite3.connect(state_dir / "specguard.db") as db:
+        db.row_factory = sqlite3.Row
+        return list(db.execute("SELECT * FROM events WHERE kind='firing'"))
+
+
+def _runs(state_dir: Path) -> list[sqlite3.Row]:
+    with sqlite3.connect(state_dir / "specguard.db") as db:
+        db.row_factory = sqlite3.Row
+        return list(db.execute("SELECT * FROM action_runs"))
+
+
+async def test_a_firing_rule_stays_firing_across_a_restart_without_firing_again(
+    daemon: Daemon,
+) -> None:
+    state_dir = daemon.config.parent / "state"
+    daemon.start()
+    body = await daemon.wait_for(lambda b: any(r["state"] == "firing" for r in _state(b)))
+    row = _state(body)[0]
+    assert row["value"] == pytest.approx(0.6)
+    assert row["threshold"] == 0.7
+    assert row["labels"]["model_name"] == "tiny-llama"
+    assert daemon.stop() == 0
+
+    events = _firing_events(state_dir)
+    assert len(events) == 1
+    runs = _runs(state_dir)
+    assert [(r["action"], r["status"]) for r in runs] == [("log", "ok")]
+    fired_at = events[0]["at"]
+
+    daemon.start()
+    restarted = time.time()
+    body = await daemon.wait_for(lambda b: (b["last_evaluation"] or 0) > restarted + 1.5)
+    rows = _state(body)
+    assert [r["state"] for r in rows] == ["firing"]
+    assert rows[0]["since"] == pytest.approx(fired_at)
+    assert daemon.stop() == 0
+    assert len(_firing_events(state_dir)) == 1, "the restart fired the rule a second time"
+    assert len(_runs(state_dir)) == 1
+    stops = [line for line in daemon.logs() if line["msg"] == "stopping"]
+    assert len(stops) == 2
+
+
+async def test_http_endpoints_report_health_status_and_own_metrics(daemon: Daemon) -> None:
+    daemon.start()
+    await daemon.wait_for(lambda b: any(r["state"] == "firing" for r in _state(b)))
+    status, health = await daemon.get("/healthz")
+    assert status == 200 and health["status"] == "ok"
+    status, text = await daemon.get("/metrics")
+    assert status == 200
+    assert 'specguard_evaluations_total{result="breach",rule="acceptance_below_07"}' in text
+    assert 'specguard_rule_series{rule="acceptance_below_07",state="firing"} 1.0' in text
+    assert "specguard_evaluation_duration_seconds_bucket" in text
+    _, body = await daemon.get("/api/status")
+    for key in ("rule", "signal", "labels", "state", "value", "since"):
+        assert key in body["rules"][0]
+    assert daemon.stop(signal.SIGINT) == 0
+
+
+async def test_sighup_keeps_the_old_config_when_the_new_one_is_invalid(daemon: Daemon) -> None:
+    rules = daemon.config.parent / "rules.yaml"
+    daemon.start()
+    await daemon.wait_for(lambda b: any(r["state"] == "firing" for r in _state(b)))
+
+    rules.write_text(RULES.format(condition="<< 0.7"))
+    daemon.signal(signal.SIGHUP)
+    await _wait_log(daemon, "reload failed")
+    body = await daemon.wait_for(lambda b: bool(_state(b)))
+    assert _state(body)[0]["state"] == "firing"
+    errors = [line["msg"] for line in daemon.logs() if line["level"] == "error"]
+    assert any("rules.yaml:6: rules[0].condition: invalid condition" in msg for msg in errors)
+
+    rules.write_text(RULES.format(condition="< 0.5"))
+    daemon.signal(signal.SIGHUP)
+    await _wait_log(daemon, "reloaded")
+    body = await daemon.wait_for(lambda b: any(r["state"] == "resolved" for r in _state(b)))
+    assert _state(body)[0]["threshold"] == 0.5
+    assert daemon.stop() == 0
+
+
+async def test_a_target_that_refuses_connections_is_no_data_not_a_crash(
+    tmp_path: Path, unused_tcp_port_factory: Callable[[], int]
+) -> None:
+    closed = unused_tcp_port_factory()
+    port = unused_tcp_port_factory()
+    (tmp_path / "rules.yaml").write_text(RULES.format(condition="< 0.7"))
+    config = tmp_path / "specguard.yaml"
+    config.write_text(
+        f"port: {port}\nstate_dir: state\ninterval: 500ms\n"
+        f"sources: {{scrape: {{targets: ['http://127.0.0.1:{closed}/metrics']}}}}\nrules: [rules.yaml]\n"
+    )
+    daemon = Daemon(config, port, tmp_path / "specguard.log")
+    daemon.start()
+    try:
+        body = await daemon.wait_for(lambda b: (b["last_evaluation"] or 0) > 0)
+        await asyncio.sleep(1.5)
+        _, body = await daemon.get("/api/status")
+        row = _state(body)[0]
+        assert row["state"] == "inactive" and row["value"] is None
+        status, _health = await daemon.get("/healthz")
+        assert status == 200
+    finally:
+        assert daemon.stop() == 0
+
+
+async def _wait_log(daemon: Daemon, text: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in line["msg"] for line in daemon.logs()):
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail(f"no log line containing {text!r}:\n{daemon.log.read_text()[-3000:]}")

@@ -1,0 +1,276 @@
+"""The Prometheus source against a real Prometheus scraping a replayed vLLM 0.32.0 capture, and
+against small fake servers for the failures a real Prometheus will not produce on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
+
+from daemon.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
+from daemon.sources.base import SourceResult
+from daemon.sources.prometheus import PrometheusSource
+from tests.replay import (
+    ACCEPTED,
+    ACCEPTED_BY_POSITION,
+    CAPTURE,
+    DRAFT_TOKENS,
+    DRAFTS,
+    MODEL,
+    ReplayedVllm,
+    histogram_quantile,
+)
+
+if TYPE_CHECKING:  # fixture types; conftest is not imported at run time
+    from conftest import MetricsServer, PrometheusServer
+
+WINDOW = 30.0
+DATA_TIMEOUT = 30.0
+GROUPINGS: tuple[Sequence[str], ...] = (DEFAULT_GROUP_BY, (), ("engine",))
+
+
+async def wait_for_data(query: Callable[[], Awaitable[SourceResult]], series: int = 1) -> SourceResult:
+    """Poll until Prometheus has scraped enough for the query to answer (rate() needs two)."""
+    deadline = time.monotonic() + DATA_TIMEOUT
+    while True:
+        result = await query()
+        assert result.error is None, result.error
+        if len(result.series) >= series:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"no data from Prometheus after {DATA_TIMEOUT}s")
+        await asyncio.sleep(0.5)
+
+
+@pytest.fixture
+async def source(prometheus: PrometheusServer) -> AsyncIterator[PrometheusSource]:
+    src = PrometheusSource(prometheus.url, timeout=5.0)
+    yield src
+    await src.close()
+
+
+async def fake_prometheus(aiohttp_server: AiohttpServer, handler: web.Handler) -> str:
+    app = web.Application()
+    app.router.add_get("/api/v1/query", handler)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    return f"http://127.0.0.1:{server.port}"
+
+
+# --- against a real Prometheus ---------------------------------------------------------------
+
+
+@pytest.mark.real
+async def test_spec_decode_signals_equal_the_served_counter_deltas(
+    metrics_server: MetricsServer, source: PrometheusSource
+) -> None:
+    metrics_server.body = ReplayedVllm()
+    by_position = await wait_for_data(
+        lambda: source.query_signal(get_signal("acceptance_by_position"), WINDOW, DEFAULT_GROUP_BY),
+        series=len(ACCEPTED_BY_POSITION),
+    )
+    rate = await source.query_signal(get_signal("acceptance_rate"), WINDOW, DEFAULT_GROUP_BY)
+    length = await source.query_signal(get_signal("mean_acceptance_length"), WINDOW, DEFAULT_GROUP_BY)
+
+    server = {"instance": metrics_server.target, "model_name": MODEL}
+    assert [(s.labels, s.value) for s in rate.series] == [
+        (server, pytest.approx(ACCEPTED / DRAFT_TOKENS, rel=1e-9))
+    ]
+    assert [(s.labels, s.value) for s in length.series] == [
+        (server, pytest.approx(1 + ACCEPTED / DRAFTS, rel=1e-9))
+    ]
+    assert {s.labels["position"]: s.value for s in by_position.series} == {
+        position: pytest.approx(count / DRAFTS, rel=1e-9) for position, count in ACCEPTED_BY_POSITION.items()
+    }
+    assert all(s.labels == {**server, "position": s.labels["position"]} for s in by_position.series)
+
+
+@pytest.mark.real
+async def test_every_catalog_signal_is_promql_that_real_prometheus_evaluates(
+    metrics_server: MetricsServer, source: PrometheusSource
+) -> None:
+    metrics_server.body = ReplayedVllm()
+    await wait_for_data(lambda: source.query_signal(get_signal("e2e_latency_p95"), WINDOW, DEFAULT_GROUP_BY))
+    answers = {
+        (name, tuple(group_by)): await source.query_signal(signal, WINDOW, group_by)
+        for name, signal in CATALOG.items()
+        for group_by in GROUPINGS
+    }
+
+    assert {key: result.error for key, result in answers.items() if result.error} == {}
+    assert [key for key, result in answers.items() if not result.series] == []
+    for (name, group_by), result in answers.items():  # each keeps exactly the labels asked for
+        for series in result.series:
+            assert set(series.labels) == {*group_by, *CATALOG[name].intrinsic_labels}, name
+    quantiles = {
+        name: answers[(name, DEFAULT_GROUP_BY)].series[0].value
+        for name, signal in CATALOG.items()
+        if signal.kind is Kind.QUANTILE
+    }
+    assert quantiles == {
+        name: pytest.approx(
+            histogram_quantile(CATALOG[name].quantile or 0, CATALOG[name].metric.names[0]),
+            rel=1e-9,
+        )
+        for name in quantiles
+    }
+    assert quantiles["e2e_latency_p95"] == pytest.approx(1.75, rel=1e-9)  # 1.5 + 0.5 * (9.5-9)/1
+
+
+@pytest.mark.real
+async def test_an_idle_server_is_no_data_rather_than_nan_or_an_error(
+    metrics_server: MetricsServer, source: PrometheusSource
+) -> None:
+    capture = CAPTURE.read_text()
+    metrics_server.body = lambda: capture  # nothing moves: no draft, no request finished
+    # A counter rate of 0 is a value: once it shows, rate() has its two samples.
+    await wait_for_data(lambda: source.query_signal(get_signal("preemption_rate"), WINDOW, DEFAULT_GROUP_BY))
+
+    for name in ("acceptance_rate", "mean_acceptance_length", "acceptance_by_position", "e2e_latency_p95"):
+        result = await source.query_signal(get_signal(name), WINDOW, DEFAULT_GROUP_BY)
+        assert result == SourceResult(), name  # the "> 0" filter / NaN quantile: no series
+
+
+@pytest.mark.real
+async def test_query_errors_are_answers_and_unknown_metrics_are_no_data(
+    source: PrometheusSource,
+) -> None:
+    bad = await source.query_expr("sum(rate(")
+    missing = await source.query_expr("rate(vllm:nobody_exports_this_total[1m])")
+    range_vector = await source.query_expr("vector(1)[1m:10s]")  # has data from the start
+    scalar = await source.query_expr("1 + 1")
+
+    assert bad.series == ()
+    assert bad.error is not None
+    assert bad.error.startswith(f"prometheus {source.url}: bad_data: ")
+    assert "parse error" in bad.error
+    assert missing == SourceResult()
+    assert range_vector.error is not None
+    assert "range vector" in range_vector.error
+    assert [(s.labels, s.value) for s in scalar.series] == [({}, 2.0)]
+
+
+# --- failures, against nothing or a fake ----------------------------------------------------
+
+
+async def test_prometheus_down_is_an_error_well_within_the_timeout(unused_tcp_port: int) -> None:
+    url = f"http://127.0.0.1:{unused_tcp_port}"
+    source = PrometheusSource(url, timeout=2.0)
+    started = time.monotonic()
+    result = await source.query_expr("up")
+    elapsed = time.monotonic() - started
+    await source.close()
+
+    assert result == SourceResult.failed(f"prometheus {url}: connection refused")
+    assert elapsed < 1.0  # a refusal is immediate, and not retried with backoff
+
+
+async def test_a_dropped_connection_is_one_attempt_not_retried() -> None:
+    accepted = 0
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    source = PrometheusSource(url, timeout=2.0)
+    async with server:
+        result = await source.query_expr("up")
+    await source.close()
+
+    assert result == SourceResult.failed(f"prometheus {url}: connection closed without an answer")
+    assert accepted == 1
+
+
+async def test_a_503_is_asked_once_not_retried(aiohttp_server: AiohttpServer) -> None:
+    hits = 0
+
+    async def unavailable(_: web.Request) -> web.Response:
+        nonlocal hits
+        hits += 1
+        body = {"status": "error", "errorType": "unavailable", "error": "too many queries"}
+        return web.json_response(body, status=503)
+
+    url = await fake_prometheus(aiohttp_server, unavailable)
+    source = PrometheusSource(url, timeout=2.0)
+    started = time.monotonic()
+    result = await source.query_expr("up")
+    elapsed = time.monotonic() - started
+    await source.close()
+
+    assert result == SourceResult.failed(f"prometheus {url}: unavailable: too many queries")
+    assert hits == 1
+    assert elapsed < 1.0  # the client's default: 4 requests over ~6 s of backoff
+
+
+async def test_a_hung_prometheus_is_an_error_after_the_timeout(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    server_timeouts: list[str | None] = []
+
+    async def hang(request: web.Request) -> web.Response:
+        server_timeouts.append(request.query.get("timeout"))
+        await asyncio.sleep(1.5)
+        return web.json_response({"status": "success", "data": {"result": []}})
+
+    url = await fake_prometheus(aiohttp_server, hang)
+    source = PrometheusSource(url, timeout=0.5)
+    started = time.monotonic()
+    result = await source.query_expr("up")
+    elapsed = time.monotonic() - started
+    await source.close()
+
+    assert result == SourceResult.failed(f"prometheus {url}: no answer within 500ms (timeout)")
+    assert 0.5 <= elapsed < 1.2
+    assert server_timeouts == ["500ms"]  # one request, and Prometheus told to give up too
+
+
+async def test_the_bearer_token_is_sent_and_never_shown(
+    aiohttp_server: AiohttpServer, tmp_path: Path
+) -> None:
+    token = "tok-3f9a-not-for-logs"
+    token_file = tmp_path / "prometheus-token"
+    token_file.write_text(f"{token}\n")
+    authorizations: list[str | None] = []
+
+    async def query(request: web.Request) -> web.Response:
+        authorizations.append(request.headers.get("Authorization"))
+        if request.query["query"] != "up":  # a proxy that echoes what it refused
+            return web.Response(status=502, text=f"refused {request.headers['Authorization']}")
+        vector = [
+            {"metric": {"instance": "a"}, "value": [1700000000.5, "0.5"]},
+            {"metric": {"instance": "b"}, "value": [1700000000.5, "NaN"]},
+        ]
+        return web.json_response({"status": "success", "data": {"result": vector}})
+
+    url = await fake_prometheus(aiohttp_server, query)
+    source = PrometheusSource(url, timeout=2.0, bearer_token_file=token_file)
+    answered = await source.query_expr("up")
+    refused = await source.query_expr("down")
+    await source.close()
+
+    assert authorizations == [f"Bearer {token}", f"Bearer {token}"]
+    assert answered == SourceResult.of([({"instance": "a"}, 0.5)])  # NaN is no data
+    assert refused == SourceResult.failed(f"prometheus {url}: HTTP 502: refused Bearer <redacted>")
+    assert token not in repr(source)
+    assert str(token_file) in repr(source)
+
+
+def test_an_unusable_token_file_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    missing, empty, two_lines = tmp_path / "missing", tmp_path / "empty", tmp_path / "two-lines"
+    empty.write_text(" \n")
+    two_lines.write_text("secret-one\nsecret-two\n")
+
+    for path in (missing, empty, two_lines):
+        with pytest.raises(ValueError, match=re.escape(str(path))) as raised:
+            PrometheusSource("http://127.0.0.1:9090", timeout=1.0, bearer_token_file=path)
+        assert "secret" not in str(raised.value)
