@@ -1,0 +1,118 @@
+"""`specguard eval --once` and `specguard signals` as an operator runs them, in their own process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
+
+from daemon.signals import CATALOG
+from tests.replay import ReplayedVllm
+
+
+async def specguard(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def vllm(aiohttp_server: AiohttpServer) -> str:
+    replay = ReplayedVllm()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=replay(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    return f"http://127.0.0.1:{server.port}/metrics"
+
+
+def rows_of(out: str) -> list[dict[str, Any]]:
+    rows = json.loads(out)
+    assert isinstance(rows, list)
+    for row in rows:
+        assert {"rule", "signal", "labels", "value", "threshold", "state"} <= row.keys()
+    return rows
+
+
+async def test_eval_once_json_reports_value_threshold_and_state_per_series(vllm: str, tmp_path: Path) -> None:
+    (tmp_path / "rules.yaml").write_text(
+        "rules:\n"
+        "  - {name: below_07, signal: acceptance_rate, window: 1m, condition: '< 0.7'}\n"
+        "  - {name: below_07_for, signal: acceptance_rate, window: 1m, condition: '< 0.7', for: 5m}\n"
+        "  - {name: mal, signal: mean_acceptance_length, window: 1m, condition: '< 2'}\n"
+        "  - {name: positions, signal: acceptance_by_position, window: 1m, condition: '< 0.5'}\n"
+    )
+    (tmp_path / "specguard.yaml").write_text("rules: [rules.yaml]\n")
+    code, out, err = await specguard(
+        "eval", "--once", "--config", str(tmp_path / "specguard.yaml"), "--scrape", vllm,
+        "--sample-gap", "0.5", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = {(r["rule"], r["labels"].get("position")): r for r in rows_of(out)}
+    fires = rows[("below_07", None)]
+    assert (fires["value"], fires["threshold"], fires["state"]) == (pytest.approx(0.6), 0.7, "firing")
+    assert fires["labels"]["model_name"] == "tiny-llama"
+    assert rows[("below_07_for", None)]["state"] == "pending"
+    mal = rows[("mal", None)]
+    assert (mal["value"], mal["state"]) == (pytest.approx(4.0), "inactive")
+    by_position = {p: rows[("positions", p)]["value"] for p in "01234"}
+    assert by_position == pytest.approx({"0": 0.9, "1": 0.8, "2": 0.7, "3": 0.5, "4": 0.1})
+
+
+async def test_eval_once_table_on_the_default_rules_and_an_unreachable_server(unused_tcp_port: int) -> None:
+    code, out, err = await specguard(
+        "eval", "--once", "--scrape", f"http://127.0.0.1:{unused_tcp_port}/metrics", "--sample-gap", "0"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE"]
+    verdicts = {line.split()[0]: line.split()[-2] for line in lines[1:]}
+    assert verdicts == {
+        "acceptance_low": "no_data",
+        "acceptance_critical": "no_data",
+        "acceptance_fallback": "no_data",
+        "latency_regression": "error",  # no baseline configured
+        "memory_pressure": "no_data",
+    }
+    assert "needs a baseline" in err
+
+
+async def test_eval_refuses_an_invalid_config_with_its_problems(tmp_path: Path) -> None:
+    (tmp_path / "specguard.yaml").write_text("interval: soon\n")
+    code, _, err = await specguard("eval", "--once", "--config", str(tmp_path / "specguard.yaml"))
+    assert code == 1
+    assert "specguard.yaml:1: interval: invalid duration 'soon'" in err
+
+
+async def test_signals_lists_every_catalog_signal_with_its_promql() -> None:
+    code, out, _ = await specguard("signals", "--format", "json", "--window", "2m")
+    assert code == 0
+    items = {item["signal"]: item for item in json.loads(out)}
+    assert items.keys() == CATALOG.keys()
+    assert items["acceptance_rate"]["promql"] == (
+        "sum by (instance, model_name) (rate(vllm:spec_decode_num_accepted_tokens_total[2m])) / "
+        "(sum by (instance, model_name) (rate(vllm:spec_decode_num_draft_tokens_total[2m])) > 0)"
+    )
+    kv = [m["name"] for m in items["kv_cache_usage"]["metrics"]]
+    assert kv == ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+
+
+async def test_version_and_help() -> None:
+    code, out, _ = await specguard("--version")
+    assert code == 0 and out.startswith("specguard ")
+    for command in ("run", "check", "eval", "signals"):
+        code, out, _ = await specguard(command, "--help")
+        assert code == 0 and f"usage: specguard {command}" in out

@@ -1,0 +1,97 @@
+"""The daemon in-process: scheduling (overruns are counted, never stacked) and reload."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from daemon.loading import load
+from daemon.runtime import Daemon
+from daemon.signals import Signal
+from daemon.sources.base import SourceResult
+
+
+class SlowSource:
+    """Answers 0.2 for every query, slower than the evaluation interval."""
+
+    kind = "scrape"
+
+    def __init__(self, delay: float):
+        self.delay = delay
+        self.running = 0
+        self.most_at_once = 0
+        self.queries = 0
+
+    async def refresh(self) -> None:
+        return None
+
+    async def query_signal(self, signal: Signal, window: float, group_by: Sequence[str]) -> SourceResult:
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        self.queries += 1
+        try:
+            await asyncio.sleep(self.delay)
+            return SourceResult.of([({"instance": "h:1"}, 0.2)])
+        finally:
+            self.running -= 1
+
+    async def query_expr(self, expr: str) -> SourceResult:
+        return SourceResult.failed("no")
+
+    async def close(self) -> None:
+        return None
+
+
+def config(tmp_path: Path, condition: str = "< 0.5") -> Path:
+    (tmp_path / "rules.yaml").write_text(
+        f'rules:\n  - {{name: low, signal: acceptance_rate, condition: "{condition}", window: 10s}}\n'
+    )
+    path = tmp_path / "specguard.yaml"
+    path.write_text("port: 0\nstate_dir: state\ninterval: 200ms\nrules: [rules.yaml]\n")
+    return path
+
+
+def counter(daemon: Daemon, name: str) -> float:
+    total = 0.0
+    for metric in daemon.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == name:
+                total += sample.value
+    return total
+
+
+async def test_an_evaluation_that_overruns_its_interval_is_counted_not_stacked(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    daemon = Daemon(load(path), path)
+    source = SlowSource(delay=0.7)
+    daemon.source = source
+    await daemon.start()
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        await daemon.shutdown()
+    assert source.most_at_once == 1
+    assert counter(daemon, "specguard_evaluation_overruns_total") >= 2
+    assert 2 <= source.queries <= 4
+    assert daemon.states["low"]['{"instance":"h:1"}'].state.value == "firing"
+
+
+async def test_reload_applies_a_valid_config_and_keeps_the_old_one_otherwise(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    daemon = Daemon(load(path), path)
+    daemon.source = SlowSource(delay=0)
+    await daemon.start()
+    try:
+        (tmp_path / "rules.yaml").write_text("rules: [{name: low, signal: nope, condition: '< 1'}]\n")
+        assert await daemon.reload() is False
+        assert daemon.loaded.rules[0].rule.signal == "acceptance_rate"
+
+        config(tmp_path, condition="< 0.1")
+        assert await daemon.reload() is True
+        assert str(daemon.loaded.rules[0].rule.condition) == "< 0.1"
+        await daemon.evaluate_round()
+        assert daemon.states["low"]['{"instance":"h:1"}'].state.value == "resolved"
+    finally:
+        await daemon.shutdown()
+    assert counter(daemon, "specguard_config_reloads_total") == 2
