@@ -226,7 +226,7 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str]) -> list[dict[s
         for item in loaded.enabled_rules():
             if only and item.name not in only:
                 continue
-            outcome = await evaluate_rule(item, source, loaded.baseline, {}, now)
+            outcome, _ = await evaluate_rule(item, source, loaded.baseline, {}, now)
             base = {"rule": item.name, "signal": item.rule.signal or item.rule.expr}
             if not outcome.states:
                 rows.append(

@@ -173,31 +173,32 @@ def _step(
         }[rule.no_data]
     new = replace(old, verdict=verdict, value=value, threshold=threshold, error=None, last_eval=now)
 
-    def enter(state: State, **changes: object) -> SeriesState:
-        events.append(Event(rule.name, key, old.labels, state, old.state, now, value, threshold))
-        return replace(new, state=state, since=now, **changes)  # type: ignore[arg-type]
+    def enter(series: SeriesState, state: State, **changes: float | None) -> SeriesState:
+        events.append(Event(rule.name, key, series.labels, state, series.state, now, value, threshold))
+        return replace(series, state=state, since=now, **changes)  # type: ignore[arg-type]
 
     if effective is Verdict.BREACH:
-        consecutive = old.consecutive + 1
-        new = replace(new, consecutive=consecutive, last_breach=now)
-        if old.state in (State.INACTIVE, State.RESOLVED):
-            new = enter(State.PENDING, breach_since=now)
-        if new.state is State.PENDING:
-            started = new.breach_since if new.breach_since is not None else now
-            if now - started >= rule.for_seconds and consecutive >= rule.consecutive:
-                old = new
-                new = enter(State.FIRING)
+        new = replace(new, consecutive=old.consecutive + 1, last_breach=now)
+        if new.state in (State.INACTIVE, State.RESOLVED):
+            new = enter(new, State.PENDING, breach_since=now)
+        started = new.breach_since if new.breach_since is not None else now
+        if (
+            new.state is State.PENDING
+            and now - started >= rule.for_seconds
+            and new.consecutive >= rule.consecutive
+        ):
+            new = enter(new, State.FIRING)
         return new
 
     if effective is Verdict.OK:
         new = replace(new, consecutive=0, breach_since=None)
-        if old.state is State.PENDING:
-            return enter(State.INACTIVE)
-        if old.state is State.FIRING:
+        if new.state is State.PENDING:
+            return enter(new, State.INACTIVE)
+        if new.state is State.FIRING:
             last = old.last_breach if old.last_breach is not None else now
             if rule.keep_firing_for > 0 and now - last < rule.keep_firing_for:
                 return new
-            return enter(State.RESOLVED)
+            return enter(new, State.RESOLVED)
         return new
 
-    return new  # no data kept as is
+    return new  # no data, kept as it is

@@ -46,7 +46,8 @@ async def evaluate_rule(
     baseline: Baseline | None,
     previous: Mapping[str, SeriesState],
     now: float,
-) -> Outcome:
+) -> tuple[Outcome, SourceResult]:
+    """The engine's outcome, and the source's answer it was computed from."""
     threshold = threshold_of(item, baseline)
     result = await query(item, source) if not isinstance(threshold, str) else SourceResult()
-    return evaluate(spec_of(item), result, threshold, previous, now)
+    return evaluate(spec_of(item), result, threshold, previous, now), result

@@ -232,7 +232,11 @@ class Daemon:
 
     async def _evaluate_one(self, item: LoadedRule, now: float) -> None:
         name = item.name
-        outcome = await evaluate_rule(item, self.source, self.loaded.baseline, self.states.get(name, {}), now)
+        outcome, result = await evaluate_rule(
+            item, self.source, self.loaded.baseline, self.states.get(name, {}), now
+        )
+        if result.error is not None:
+            self.metrics.source_errors.labels(self.source.kind).inc()
         records = [self.dispatcher.record(item, event) for event in outcome.events]
         pending = await self.store.commit_evaluation(name, outcome.states, records)
         self.states[name] = outcome.states
@@ -260,7 +264,6 @@ class Daemon:
     def _note_error(self, rule: str, error: str | None) -> None:
         if error != self.rule_errors.get(rule):
             if error:
-                self.metrics.source_errors.labels(self.source.kind).inc()
                 log.warning("rule %s: %s", rule, error)
             elif self.rule_errors.get(rule):
                 log.info("rule %s: evaluating again", rule)
@@ -291,8 +294,14 @@ class Daemon:
             if old.config.resolved_state_dir() != new.config.resolved_state_dir():
                 log.warning("reload: state_dir changes take effect after a restart")
             if old.config.sources != new.config.sources or retention_for(old) != retention_for(new):
+                try:
+                    source = make_source(new.config, retention_for(new))
+                except ValueError as exc:  # e.g. the token file became unreadable since loading
+                    self.metrics.config_reloads.labels("failed").inc()
+                    log.error("reload failed: keeping the running configuration: %s", exc)
+                    return False
                 await self.source.close()
-                self.source = make_source(new.config, retention_for(new))
+                self.source = source
             self.loaded = new
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.dry_run = new.config.dry_run
