@@ -110,6 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--format", choices=["table", "json"], default="table", help="default table")
     ev.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
 
+    demo = sub.add_parser(
+        "demo",
+        help="see specguard work end to end against a simulated vLLM (about a minute)",
+        description="Start a simulated vLLM with speculative decoding and the specguard daemon, drive "
+        "traffic, then degrade acceptance: rules go pending -> firing, actions run, and the Slack "
+        "message on-call would get is printed. Finishes by itself in about 80 s; Ctrl-C stops it.",
+    )
+    demo.add_argument("--no-color", dest="color", action="store_false", default=None, help="plain text")
+    demo.add_argument("--color", dest="color", action="store_true", help="colour even when not a terminal")
+    demo.add_argument(
+        "--state-dir", type=Path, metavar="DIR", help="where the demo's state, log and config go (default: a new temp dir)"
+    )
+
+    sub.add_parser(
+        "simulate",
+        add_help=False,
+        help="run a vLLM-compatible simulator (OpenAI API + /metrics); see `specguard simulate --help`",
+    ).add_argument("simulator_args", nargs=argparse.REMAINDER)
+
     signals = sub.add_parser(
         "signals",
         help="list the signal catalog with the PromQL each signal uses",
@@ -136,6 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_eval(args)
         if args.command == "signals":
             return cmd_signals(args)
+        if args.command == "demo":
+            from sim.demo import main as demo_main
+
+            return demo_main(args.state_dir, args.color)
+        if args.command == "simulate":
+            return cmd_simulate(args.simulator_args)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # output piped into `head` and the like
@@ -285,6 +310,19 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if row.get("error"):
             print(f"{row['rule']}: {row['error']}", file=sys.stderr)
+
+
+def cmd_simulate(argv: Sequence[str]) -> int:
+    # The simulator has its own parser, loaded only here: the daemon never imports it.
+    from sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser(
+        prog="specguard simulate",
+        description=sim_cli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim_cli.add_arguments(parser)
+    return sim_cli.run(parser.parse_args(argv))
 
 
 def cmd_signals(args: argparse.Namespace) -> int:

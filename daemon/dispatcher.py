@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from actions import Action, ActionContext
 from daemon.engine import Event, State
@@ -55,6 +55,9 @@ class Dispatcher:
         self.actions = dict(actions)
         self.dry_run = dry_run
         self.metrics = metrics
+        # Called after each run with (run, status, detail): how an embedding program (the demo)
+        # shows what was done.
+        self.on_run: list[Callable[[ActionRun, str, str], None]] = []
 
     def record(self, item: LoadedRule, event: Event) -> EventRecord:
         """Decide what to do about ``event`` (nothing runs yet)."""
@@ -115,5 +118,7 @@ class Dispatcher:
             status, detail = "failed", f"{type(exc).__name__}: {exc}"
         await self.store.finish_run(run.id, status, detail)
         self.metrics.action_runs.labels(run.action, status).inc()
+        for observer in self.on_run:
+            observer(run, status, detail)
         if status != "ok":
             log.warning("action %s for %s %s failed: %s", run.action, run.rule, run.kind, detail)

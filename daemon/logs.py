@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -29,9 +29,11 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
 
 
-def setup(log_format: str = "auto", level: str = "info") -> None:
-    use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
-    handler = logging.StreamHandler(sys.stderr)
+def setup(log_format: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
+    """Send every log record to ``stream`` (default stderr) in the chosen format."""
+    stream = stream or sys.stderr
+    use_json = log_format == "json" or (log_format == "auto" and not stream.isatty())
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from daemon.evaluation import evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
 from daemon.selfmetrics import DaemonMetrics
 from daemon.sources.base import Source
-from daemon.store import Store
+from daemon.store import EventRecord, Store
 
 log = logging.getLogger("specguard")
 
@@ -83,10 +83,17 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
         self._site_runner: Any = None
         self.port: int | None = None
+        # Called with each recorded event after it is stored: how an embedding program (the demo)
+        # follows what the daemon decides.
+        self.on_event: list[Callable[[LoadedRule, EventRecord], None]] = []
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, handle_signals: bool = True) -> None:
+        """Open the store, resume unfinished runs, start the server and the schedule.
+
+        ``handle_signals=False`` leaves SIGTERM/SIGINT/SIGHUP to an embedding program.
+        """
         from daemon.server import start_server
 
         await self.store.open()
@@ -105,7 +112,8 @@ class Daemon:
         await self.dispatcher.run()  # runs left unfinished by the previous process
         self._site_runner, self.port = await start_server(self)
         self._start_scheduler()
-        self._install_signal_handlers()
+        if handle_signals:
+            self._install_signal_handlers()
         wd = systemd.watchdog_interval()
         if wd:
             self._spawn(self._watchdog(wd))
@@ -249,6 +257,8 @@ class Daemon:
             self.metrics.rule_series.labels(name, state.value).set(count)
         for record in records:
             event = record.event
+            for observer in self.on_event:
+                observer(item, record)
             self.metrics.events.labels(name, event.kind.value).inc()
             log.info(
                 "%s: %s -> %s: %s",

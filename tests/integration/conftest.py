@@ -15,6 +15,7 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from tests.real import require_binary  # importable through pytest's pythonpath = ["."]
+from tests.replay import ReplayedVllm
 
 READY_TIMEOUT = 20.0
 
@@ -111,3 +112,17 @@ async def _wait_ready(server: PrometheusServer, process: subprocess.Popen[bytes]
 
 def _tail(log: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+
+
+@pytest.fixture
+async def vllm(aiohttp_server: AiohttpServer) -> str:
+    """The /metrics URL of a server replaying a real vLLM 0.32.0 capture (acceptance 0.6)."""
+    replay = ReplayedVllm()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=replay(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    return f"http://127.0.0.1:{server.port}/metrics"

@@ -9,11 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from pytest_aiohttp import AiohttpServer
 
 from daemon.signals import CATALOG
-from tests.replay import ReplayedVllm
 
 
 async def specguard(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
@@ -24,19 +21,6 @@ async def specguard(*args: str, cwd: Path | None = None) -> tuple[int, str, str]
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
-
-
-@pytest.fixture
-async def vllm(aiohttp_server: AiohttpServer) -> str:
-    replay = ReplayedVllm()
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=replay(), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    server = await aiohttp_server(app, host="127.0.0.1")
-    return f"http://127.0.0.1:{server.port}/metrics"
 
 
 def rows_of(out: str) -> list[dict[str, Any]]:

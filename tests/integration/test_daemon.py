@@ -17,10 +17,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from pytest_aiohttp import AiohttpServer
-
-from tests.replay import ReplayedVllm
 
 # The replayed server's acceptance is 30 accepted / 50 drafted = 0.6 in every window.
 RULES = """\
@@ -115,19 +111,6 @@ class Daemon:
 
 def _state(body: dict[str, Any], rule: str = "acceptance_below_07") -> list[dict[str, Any]]:
     return [row for row in body["rules"] if row["rule"] == rule]
-
-
-@pytest.fixture
-async def vllm(aiohttp_server: AiohttpServer) -> str:
-    replay = ReplayedVllm()
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=replay(), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    server = await aiohttp_server(app, host="127.0.0.1")
-    return f"http://127.0.0.1:{server.port}/metrics"
 
 
 @pytest.fixture
