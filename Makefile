@@ -12,11 +12,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# README command one: a simulated vLLM and the daemon, end to end, in about a minute.
+demo: $(STAMP)
+	$(BIN)/specguard demo
+
 # The daemon on its defaults: scrapes http://127.0.0.1:8000/metrics, shipped rules, log action.
 run: $(STAMP)
 	$(BIN)/specguard run --state-dir ./state --log-format text
-
-demo: run
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -120,7 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-color", dest="color", action="store_false", default=None, help="plain text")
     demo.add_argument("--color", dest="color", action="store_true", help="colour even when not a terminal")
     demo.add_argument(
-        "--state-dir", type=Path, metavar="DIR", help="where the demo's state, log and config go (default: a new temp dir)"
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the demo's state, log and config go (default: a new temp dir)",
     )
 
     sub.add_parser(
@@ -141,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:  # its options belong to the simulator's own parser, --help included
+        return cmd_simulate(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -159,8 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             from sim.demo import main as demo_main
 
             return demo_main(args.state_dir, args.color)
-        if args.command == "simulate":
-            return cmd_simulate(args.simulator_args)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # output piped into `head` and the like

@@ -1,0 +1,18 @@
+"""``python -m sim``: the simulator without the specguard command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sim.cli import add_arguments, run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim")
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The model of speculative decoding the simulator runs: acceptance and step cost.
+
+Leviathan et al.'s model (speculative-math.md section 2), with acceptance allowed to differ per
+draft position as EAGLE measures it: in a step with k draft tokens, position i is accepted with
+probability ``a_i(T)`` *given positions 0..i-1 were* (a chain draft stops at the first rejection),
+and the target adds one token of its own (the bonus), so a step yields ``1 + accepted`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+
+def acceptance_at(base: Sequence[float], k: int, temperature: float, decay: float) -> list[float]:
+    """Conditional acceptance of positions 0..k-1 at ``temperature``: ``a_i * exp(-decay * T)``.
+
+    ``base`` holds the values at temperature 0; shorter than k, its last value repeats.
+    """
+    factor = math.exp(-decay * max(temperature, 0.0))
+    return [min(1.0, max(0.0, base[min(i, len(base) - 1)] * factor)) for i in range(k)]
+
+
+def sample_accepted(rng: random.Random, conditional: Sequence[float]) -> int:
+    """Accepted draft tokens in one step: positions are tried in order until one is rejected."""
+    accepted = 0
+    for probability in conditional:
+        if rng.random() >= probability:
+            break
+        accepted += 1
+    return accepted
+
+
+def step_seconds(
+    step_time: float,
+    k: int,
+    draft_cost: float,
+    batch_slowdown: float,
+    running: int,
+    prefill_tokens: int,
+    prefill_tokens_per_step: int,
+) -> float:
+    """Wall time of one engine step.
+
+    ``step_time * (1 + k * c) * (1 + batch_slowdown * (running - 1))``: k draft steps at c each,
+    Leviathan's cost model (verifying k + 1 tokens costs one target step while decode is
+    memory-bound), and a batch that slows every step a little per extra sequence. Prompts prefilled
+    in this step add ``step_time * prefill_tokens / prefill_tokens_per_step`` (compute-bound work
+    proportional to the prompt length).
+    """
+    decode = step_time * (1 + k * draft_cost) * (1 + batch_slowdown * max(running - 1, 0))
+    return decode + step_time * prefill_tokens / prefill_tokens_per_step
+
+
+def natural_length(rng: random.Random, mean: float) -> int:
+    """How many tokens a response runs to its EOS: geometric with the given mean (>= 1)."""
+    if mean <= 1:
+        return 1
+    # Inverse CDF of the geometric distribution on 1, 2, ... with success probability 1/mean.
+    p = 1.0 / mean
+    return 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - p))

@@ -1,0 +1,94 @@
+"""A small load generator: concurrent streaming chat requests against a vLLM-compatible server.
+
+The demo uses it to keep the simulator busy; its sampling temperature can change while it runs,
+which is how a real server's acceptance collapses (traffic moving to a high temperature).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+
+log = logging.getLogger("specguard.traffic")
+
+
+@dataclass
+class TrafficStats:
+    requests: int = 0
+    tokens: int = 0
+    errors: int = 0
+
+
+class Traffic:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        concurrency: int = 4,
+        max_tokens: int = 48,
+        temperature: float = 0.0,
+    ):
+        self.url = url.rstrip("/") + "/v1/chat/completions"
+        self.model = model
+        self.concurrency = concurrency
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.stats = TrafficStats()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.concurrency)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            try:
+                # not `+= await ...`: that reads the total before the await and loses other workers' tokens
+                tokens = await self.one_request(f"request {self.stats.requests} from worker {index}")
+                self.stats.tokens += tokens
+                self.stats.requests += 1
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                self.stats.errors += 1
+                log.debug("traffic request failed: %s", exc)
+                await asyncio.sleep(0.5)  # the server is down or restarting: do not spin
+
+    async def one_request(self, prompt: str) -> int:
+        """Send one streaming request; returns the completion tokens the server reported."""
+        assert self._session is not None
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        completion = 0
+        async with self._session.post(self.url, json=body) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}: {(await response.text())[:200]}")
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                usage = json.loads(line[6:]).get("usage")
+                if usage:
+                    completion = int(usage["completion_tokens"])
+        return completion

@@ -1,0 +1,45 @@
+"""The load generator the demo uses: its counts agree with what the simulator served."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sim.options import SimOptions, SpeculativeConfig
+from sim.server import start_simulator
+from sim.traffic import Traffic
+
+
+async def test_concurrent_workers_count_every_token_the_server_served() -> None:
+    sim = await start_simulator(
+        SimOptions(
+            port=0,
+            speculative=SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=4),
+            acceptance_by_position=[0.8],
+            step_time=0.002,
+            seed=3,
+        )
+    )
+    traffic = Traffic(sim.url, "tiny-llama", concurrency=4, max_tokens=32, temperature=0)
+    try:
+        await traffic.start()
+        await asyncio.sleep(1.0)
+        traffic.temperature = 1.5  # may change while running
+        await asyncio.sleep(0.5)
+        await traffic.stop()
+        finished = [r for r in sim.ground_truth() if r.finish_reason in ("length", "stop")]
+        assert traffic.stats.requests >= 20
+        assert traffic.stats.errors == 0
+        assert traffic.stats.requests == len(finished)
+        assert traffic.stats.tokens == sum(r.completion_tokens for r in finished)
+        assert {r.temperature for r in finished} == {0.0, 1.5}
+    finally:
+        await sim.stop()
+
+
+async def test_a_server_that_is_down_counts_errors_without_spinning(unused_tcp_port: int) -> None:
+    traffic = Traffic(f"http://127.0.0.1:{unused_tcp_port}", "tiny-llama", concurrency=2)
+    await traffic.start()
+    await asyncio.sleep(1.2)
+    await traffic.stop()
+    assert 2 <= traffic.stats.errors <= 8
+    assert traffic.stats.requests == 0
