@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import platformdirs
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from daemon.durations import Duration
+from daemon.durations import Duration, Interval
 from daemon.signals import CATALOG
 
 DEFAULT_SCRAPE_TARGET = "http://127.0.0.1:8000/metrics"
@@ -80,17 +80,10 @@ class Config(_Strict):
     actions: dict[str, dict[str, Any]] = Field(default_factory=dict)
     baseline: Path | None = None
     state_dir: Path | None = None
-    interval: Duration = 15.0
+    interval: Interval = 15.0
     dry_run: bool = False
     log_format: Literal["auto", "json", "text"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-
-    @field_validator("interval")
-    @classmethod
-    def _interval(cls, value: float) -> float:
-        if value < 0.1:
-            raise ValueError("the interval must be at least 100ms")
-        return value
 
     @property
     def scrape(self) -> ScrapeSourceConfig:

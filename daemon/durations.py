@@ -6,7 +6,7 @@ import math
 import re
 from typing import Annotated
 
-from pydantic import BeforeValidator
+from pydantic import AfterValidator, BeforeValidator
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -67,5 +67,12 @@ def _validate(value: object) -> float:
     return parse_duration(value)
 
 
-# A pydantic field type: accepts ``30s``/``5m``/numbers, holds seconds as a float.
+def _interval(seconds: float) -> float:
+    if seconds < 0.1:
+        raise ValueError("an interval must be at least 100ms")
+    return seconds
+
+
+# Pydantic field types: accept ``30s``/``5m``/numbers, hold seconds as a float.
 Duration = Annotated[float, BeforeValidator(_validate)]
+Interval = Annotated[float, BeforeValidator(_validate), AfterValidator(_interval)]

@@ -29,6 +29,9 @@ from daemon.store import EventRecord, Store
 log = logging.getLogger("specguard")
 
 STORE_FILE = "specguard.db"
+# How long a stop waits for a round in progress (its action runs) to finish; below systemd's
+# TimeoutStopSec. What is cut off is still in the store and runs at the next start.
+SHUTDOWN_GRACE = 20.0
 
 
 def make_source(config: Config, retention: float) -> Source:
@@ -81,6 +84,7 @@ class Daemon:
         self.last_round: float | None = None
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._rounds: set[asyncio.Task[Any]] = set()  # evaluation rounds in progress
         self._site_runner: Any = None
         self.port: int | None = None
         # Called with each recorded event after it is stored: how an embedding program (the demo)
@@ -141,6 +145,11 @@ class Daemon:
         systemd.notify("STOPPING=1")
         log.info("stopping")
         if self.scheduler is not None:
+            self.scheduler.pause()  # no new rounds; the one in progress may finish its actions
+            if self._rounds:
+                _, unfinished = await asyncio.wait(set(self._rounds), timeout=SHUTDOWN_GRACE)
+                if unfinished:
+                    log.warning("stopped mid-round: unfinished action runs resume at the next start")
             self.scheduler.shutdown(wait=False)
         for task in list(self._tasks):
             task.cancel()
@@ -222,6 +231,15 @@ class Daemon:
 
     async def evaluate_round(self, interval: float | None = None) -> None:
         """Evaluate the enabled rules of one interval (all of them when ``interval`` is None)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._rounds.add(task)
+        try:
+            await self._round(interval)
+        finally:
+            self._rounds.discard(task)
+
+    async def _round(self, interval: float | None) -> None:
         started = time.monotonic()
         now = time.time()
         rules = [

@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.durations import Duration
+from daemon.durations import Duration, Interval
 from daemon.signals import CATALOG
 from rules.conditions import Condition, parse_condition
 from rules.templates import check_template
@@ -82,7 +82,7 @@ class Rule(BaseModel):
     signal: str | None = None
     expr: str | None = None
     window: Duration = 300.0
-    interval: Duration | None = None  # None: the config's evaluation interval
+    interval: Interval | None = None  # None: the config's evaluation interval
     condition: ConditionField
     for_: Duration = Field(0.0, alias="for")
     keep_firing_for: Duration = 0.0
@@ -114,13 +114,6 @@ class Rule(BaseModel):
     def _window(cls, value: float) -> float:
         if value < 1:
             raise ValueError("the window must be at least 1s")
-        return value
-
-    @field_validator("interval")
-    @classmethod
-    def _interval(cls, value: float | None) -> float | None:
-        if value is not None and value < 0.1:
-            raise ValueError("the interval must be at least 100ms")
         return value
 
     @field_validator("group_by")

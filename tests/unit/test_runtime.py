@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+from actions.base import Action, ActionContext, ActionParams, Outcome
 from daemon.loading import load
 from daemon.runtime import Daemon
 from daemon.signals import Signal
@@ -95,3 +96,39 @@ async def test_reload_applies_a_valid_config_and_keeps_the_old_one_otherwise(tmp
     finally:
         await daemon.shutdown()
     assert counter(daemon, "specguard_config_reloads_total") == 2
+
+
+class SlowLog(Action):
+    """Stands in for an action that takes a while (a restart, a Slack call)."""
+
+    type = "log"
+    started = 0
+    finished = 0
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        SlowLog.started += 1
+        await asyncio.sleep(1.0)
+        SlowLog.finished += 1
+        return Outcome(True, "done")
+
+
+async def test_a_stop_lets_the_action_in_progress_finish(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    daemon = Daemon(load(path), path)
+    daemon.source = SlowSource(delay=0)
+    daemon.dispatcher.actions = {"log": SlowLog("log", ActionParams(type="log"))}
+    await daemon.start()
+    for _ in range(50):
+        if SlowLog.started:
+            break
+        await asyncio.sleep(0.05)
+    assert SlowLog.started == 1 and SlowLog.finished == 0
+    await daemon.shutdown()
+    assert SlowLog.finished == 1
+    store = Daemon(load(path), path).store
+    await store.open()
+    try:
+        runs = await store.action_runs()
+    finally:
+        await store.close()
+    assert [(r["status"], r["detail"]) for r in runs] == [("ok", "done")]
