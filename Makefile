@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit integration clean
+.PHONY: run demo test lint typecheck unit integration bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ integration: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/pytest -q
+
+# Measured as ratios against a baseline in the same run; results are kept in benchmarks/results/.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_scrape_source.py --write benchmarks/results/scrape_source.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

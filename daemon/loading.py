@@ -320,14 +320,10 @@ def _check_token_file(config: Config, data: Any, label: str, problems: list[Prob
     prometheus = config.sources.prometheus
     if prometheus is None or prometheus.bearer_token_file is None:
         return
-    path = prometheus.bearer_token_file
+    from daemon.sources.prometheus import read_token  # the source's own check, so both agree
+
     where = ("sources", "prometheus", "bearer_token_file")
     try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        problems.append(
-            Problem(label, line_of(data, where), ".".join(where), f"cannot read {path}: {exc.strerror}")
-        )
-        return
-    if not token:
-        problems.append(Problem(label, line_of(data, where), ".".join(where), f"{path} is empty"))
+        read_token(prometheus.bearer_token_file)
+    except ValueError as exc:
+        problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))

@@ -61,7 +61,7 @@ class PrometheusSource:
         self.timeout = timeout
         self.verify_tls = verify_tls
         self.bearer_token_file = bearer_token_file
-        self._token = _read_token(bearer_token_file) if bearer_token_file is not None else None
+        self._token = read_token(bearer_token_file) if bearer_token_file is not None else None
         self._shown_url = _without_credentials(self.url)
         # Prometheus gives up on the query when the client would: no work left running for nobody.
         self._params = {"timeout": format_duration(timeout)}
@@ -216,7 +216,7 @@ def _without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
-def _read_token(path: Path) -> str:
+def read_token(path: Path) -> str:
     try:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:

@@ -388,21 +388,38 @@ def test_a_condition_on_a_baseline_signal_that_does_not_exist(capsys: pytest.Cap
 def test_a_missing_bearer_token_file(capsys: pytest.CaptureFixture[str]) -> None:
     config = PROMETHEUS_CONFIG.replace("    url:", "    bearer_token_file: token\n    url:")
     code, _, err = check_rules(capsys, EXPR_RULE, config)
-    assert_one_error(code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: cannot read token: ")
+    assert_one_error(
+        code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token: cannot read it"
+    )
 
 
 def test_a_bearer_token_file_that_is_a_directory(capsys: pytest.CaptureFixture[str]) -> None:
     Path("token").mkdir()
     config = PROMETHEUS_CONFIG.replace("    url:", "    bearer_token_file: token\n    url:")
     code, _, err = check_rules(capsys, EXPR_RULE, config)
-    assert_one_error(code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: cannot read token")
+    assert_one_error(
+        code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token: cannot read it"
+    )
+
+
+def test_a_bearer_token_with_whitespace_inside_is_refused_at_check_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Path("token").write_text("two words\n")
+    config = PROMETHEUS_CONFIG.replace("    url:", "    bearer_token_file: token\n    url:")
+    code, _, err = check_rules(capsys, EXPR_RULE, config)
+    assert_one_error(
+        code,
+        err,
+        "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token: the token contains",
+    )
 
 
 def test_an_empty_bearer_token_file(capsys: pytest.CaptureFixture[str]) -> None:
     write("token", "\n")
     config = PROMETHEUS_CONFIG.replace("    url:", "    bearer_token_file: token\n    url:")
     code, _, err = check_rules(capsys, EXPR_RULE, config)
-    assert_one_error(code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: token is empty")
+    assert_one_error(code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token is empty")
 
 
 def test_a_readable_bearer_token_file_is_accepted_and_never_printed(

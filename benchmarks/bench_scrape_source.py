@@ -1,0 +1,135 @@
+"""How much an evaluation round costs the scrape source, relative to parsing one /metrics page.
+
+Baseline: prometheus_client parsing a real vLLM 0.32.0 page (every family), the unavoidable cost
+of reading vLLM directly. Measured against it, in the same process and run:
+
+- ``parse_exposition``: the same parse, keeping only the catalog's samples (what each scrape costs);
+- a round of the shipped pack: the five rules' queries over a ring holding 10 minutes of samples
+  at a 15 s scrape interval (what each evaluation costs);
+- every catalog signal once over that ring.
+
+Ratios, not seconds, are the result: they stay meaningful on another machine. Run:
+    .venv/bin/python benchmarks/bench_scrape_source.py [--write benchmarks/results/scrape_source.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.exposition import parse_exposition
+from daemon.loading import load
+from daemon.signals import CATALOG, DEFAULT_GROUP_BY, get_signal
+from daemon.sources.scrape import ScrapeSource
+
+CAPTURE = Path(__file__).parents[1] / "tests" / "fixtures" / "vllm-0.32.0-cpu-metrics-self-draft.prom"
+TARGET = "http://127.0.0.1:8000/metrics"
+SAMPLE = re.compile(r"^([^\s{#]+)(\{.*\})? (\S+)$")
+
+
+def grown(text: str, step: int) -> str:
+    """The page after ``step`` scrapes of a busy server: every counter and bucket moved forward."""
+    out = []
+    for line in text.splitlines():
+        match = SAMPLE.match(line)
+        if match and not match[1].endswith("_created"):
+            line = f"{line[: match.start(3)]}{float(match[3]) + step * 7.0!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def timed(fn: Callable[[], object], repeat: int) -> float:
+    """Median seconds per call over ``repeat`` batches."""
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(20):
+            fn()
+        runs.append((time.perf_counter() - start) / 20)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--write", type=Path, help="also write the table to this markdown file")
+    args = parser.parse_args()
+
+    text = CAPTURE.read_text()
+    pages = [grown(text, step) for step in range(41)]  # 10 min at 15 s
+    now = 1_000_000.0
+    source = ScrapeSource([TARGET], timeout=5, retention=700, clock=lambda: now)
+    for i, page in enumerate(pages):
+        source.ingest(TARGET, page, now - 15 * (len(pages) - 1 - i))
+    rules = load(None).enabled_rules()
+
+    def full_parse() -> None:
+        for _ in text_string_to_metric_families(text):
+            pass
+
+    def round_of_pack() -> None:
+        async def run() -> None:
+            for item in rules:
+                assert item.rule.signal is not None
+                await source.query_signal(get_signal(item.rule.signal), item.rule.window, item.group_by)
+
+        asyncio.run(run())
+
+    def every_signal() -> None:
+        async def run() -> None:
+            for signal in CATALOG.values():
+                await source.query_signal(signal, 300.0, DEFAULT_GROUP_BY)
+
+        asyncio.run(run())
+
+    def empty_loop() -> None:
+        async def run() -> None:
+            return None
+
+        asyncio.run(run())
+
+    baseline = timed(full_parse, args.repeat)
+    loop_cost = timed(empty_loop, args.repeat)  # asyncio.run's own cost, subtracted below
+    rows = [
+        ("prometheus_client full parse (baseline)", baseline),
+        (
+            "parse_exposition, catalog samples only (one scrape)",
+            timed(lambda: parse_exposition(text), args.repeat),
+        ),
+        (
+            "shipped pack, 5 rules over a 41-sample ring (one round)",
+            timed(round_of_pack, args.repeat) - loop_cost,
+        ),
+        (
+            f"all {len(CATALOG)} catalog signals over a 5 m window",
+            timed(every_signal, args.repeat) - loop_cost,
+        ),
+    ]
+    lines = [
+        f"Scrape-source costs relative to parsing one real vLLM 0.32.0 page "
+        f"(Python {platform.python_version()}, {platform.machine()}).",
+        "",
+        "| what | ratio to baseline | median per call |",
+        "|---|---|---|",
+    ]
+    for name, seconds in rows:
+        lines.append(f"| {name} | {seconds / baseline:.2f} | {seconds * 1000:.2f} ms |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text("# Scrape source benchmark\n\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()
