@@ -419,7 +419,9 @@ def test_an_empty_bearer_token_file(capsys: pytest.CaptureFixture[str]) -> None:
     write("token", "\n")
     config = PROMETHEUS_CONFIG.replace("    url:", "    bearer_token_file: token\n    url:")
     code, _, err = check_rules(capsys, EXPR_RULE, config)
-    assert_one_error(code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token is empty")
+    assert_one_error(
+        code, err, "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token is empty"
+    )
 
 
 def test_a_readable_bearer_token_file_is_accepted_and_never_printed(
