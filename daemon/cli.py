@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="see specguard work end to end against a simulated vLLM (about a minute)",
         description="Start a simulated vLLM with speculative decoding and the specguard daemon, drive "
         "traffic, then degrade acceptance: rules go pending -> firing, actions run, and the Slack "
-        "message on-call would get is printed. Finishes by itself in about 80 s; Ctrl-C stops it.",
+        "message on-call would get is printed. Finishes by itself in about a minute; Ctrl-C stops it.",
     )
     demo.add_argument("--no-color", dest="color", action="store_false", default=None, help="plain text")
     demo.add_argument("--color", dest="color", action="store_true", help="colour even when not a terminal")
