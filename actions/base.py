@@ -10,7 +10,7 @@ import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,6 +68,3 @@ class Action(ABC):
     async def restore(self, ctx: ActionContext) -> Outcome:
         """Undo what ``run`` changed. Actions that change nothing have nothing to undo."""
         return Outcome(True, "nothing to restore")
-
-    def describe(self) -> Mapping[str, Any]:
-        return {"name": self.name, "type": self.type}

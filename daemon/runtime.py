@@ -8,6 +8,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +201,7 @@ class Daemon:
         assert self.scheduler is not None
         for job in self.scheduler.get_jobs():
             job.remove()
-        now = _utcnow()
+        now = datetime.now(UTC)
         if self.loaded.config.sources.kind == "scrape":
             every = scrape_every(self.loaded)
             self.scheduler.add_job(
@@ -388,9 +389,3 @@ class Daemon:
                     }
                 )
         return rows
-
-
-def _utcnow() -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC)

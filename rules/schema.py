@@ -145,10 +145,6 @@ class Rule(BaseModel):
             raise ValueError("give exactly one of `signal` (from the catalog) or `expr` (PromQL)")
         return self
 
-    @property
-    def key(self) -> str:
-        return self.name
-
 
 class RuleFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
