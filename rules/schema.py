@@ -139,6 +139,11 @@ class Rule(BaseModel):
             raise ValueError(f"unknown signal {value!r}; known: {', '.join(sorted(CATALOG))}")
         return value
 
+    @property
+    def key(self) -> str:
+        """The rule's identity in the store and in metrics: its name."""
+        return self.name
+
     @model_validator(mode="after")
     def _one_query(self) -> Rule:
         if (self.signal is None) == (self.expr is None):
