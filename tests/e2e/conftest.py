@@ -108,6 +108,21 @@ def _wait_healthy(process: subprocess.Popen[bytes], url: str, log: Path) -> None
     pytest.fail(f"vLLM did not answer /health within {STARTUP_TIMEOUT:.0f}s:\n{_tail(log)}", pytrace=False)
 
 
+def _omp_cpus() -> tuple[set[int], set[int]]:
+    """(CPUs for vLLM's OpenMP worker threads, CPUs for everything else in the tier).
+
+    vLLM's CPU worker binds its OpenMP threads to cores (``VLLM_CPU_OMP_THREADS_BIND``, by default
+    all but one) and keeps them busy while it serves. A short-lived process the kernel places on such
+    a core can wait there for tens of seconds (measured: ``python -c pass`` took 64 s on the bound
+    core and 0.01 s on the other), which is what made ``specguard eval`` time out. So the worker gets
+    the last CPU and this process, with everything it starts later, keeps to the others."""
+    available = os.sched_getaffinity(0)
+    if len(available) < 2:
+        return available, available
+    worker = {max(available)}
+    return worker, available - worker
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM the server's whole process group (API server, engine core, workers), then SIGKILL."""
     group = process.pid  # start_new_session: the server leads its own group
@@ -172,6 +187,9 @@ def vllm_server(
         "--dtype", "bfloat16",
         "--speculative-config", json.dumps(speculative),
     ]  # fmt: skip
+    worker_cpus, other_cpus = _omp_cpus()
+    env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(worker_cpus)))
+    own_cpus = os.sched_getaffinity(0)
     with server.log.open("wb") as log:
         process = subprocess.Popen(
             command,
@@ -182,13 +200,19 @@ def vllm_server(
             cwd=root,
             start_new_session=True,  # its own process group, so teardown reaches the engine core too
         )
+    os.sched_setaffinity(0, other_cpus)  # after the launch: vLLM's other processes may use every CPU
     try:
         _wait_healthy(process, server.url, server.log)
-        _report(request.config, f"e2e: vLLM ready in {time.monotonic() - built:.1f}s (log: {server.log})")
+        _report(
+            request.config,
+            f"e2e: vLLM ready in {time.monotonic() - built:.1f}s (OpenMP on CPU {sorted(worker_cpus)}, "
+            f"tests on {sorted(other_cpus)}; log: {server.log})",
+        )
         yield server
     finally:
         stopping = time.monotonic()
         _stop(process)
+        os.sched_setaffinity(0, own_cpus)
         _report(request.config, f"e2e: vLLM stopped in {time.monotonic() - stopping:.1f}s")
 
 

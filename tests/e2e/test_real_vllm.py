@@ -114,13 +114,25 @@ async def test_acceptance_through_specguard_equals_vllms_own_counters(
     )
 
 
-async def specguard(*args: str) -> tuple[int, str, str]:
+async def specguard(*args: str, timeout: float = 120.0) -> tuple[int, str, str]:
+    """Run ``specguard ARGS`` to its end; on timeout kill it and fail with what it printed."""
+    started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "daemon", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    communicate = asyncio.ensure_future(process.communicate())
+    done, _ = await asyncio.wait({communicate}, timeout=timeout)
+    if not done:
+        process.kill()
+        out, err = await communicate
+        pytest.fail(
+            f"specguard {' '.join(args)} still running after {timeout:.0f} s; killed. "
+            f"stdout: {out.decode()[-2000:]!r} stderr: {err.decode()[-4000:]!r}"
+        )
+    out, err = communicate.result()
     assert process.returncode is not None
+    print(f"specguard {args[0]}: {time.monotonic() - started:.1f} s")
     return process.returncode, out.decode(), err.decode()
 
 
