@@ -113,8 +113,8 @@ def _omp_cpus() -> tuple[set[int], set[int]]:
 
     vLLM's CPU worker binds its OpenMP threads to cores (``VLLM_CPU_OMP_THREADS_BIND``, by default
     all but one) and keeps them busy while it serves. A short-lived process the kernel places on such
-    a core can wait there for tens of seconds (measured: ``python -c pass`` took 64 s on the bound
-    core and 0.01 s on the other), which is what made ``specguard eval`` time out. So the worker gets
+    a core can wait there for tens of seconds (measured: ``python -c pass`` took up to 64 s on the bound
+    core, under 0.01 s on the other), which is what made ``specguard eval`` time out. So the worker gets
     the last CPU and this process, with everything it starts later, keeps to the others."""
     available = os.sched_getaffinity(0)
     if len(available) < 2:
