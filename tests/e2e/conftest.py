@@ -24,11 +24,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.realclient import VllmServer  # importable through pytest's pythonpath = ["."]
+from tests.e2e.realclient import SERVED_NAME, VllmServer  # importable through pytest's pythonpath = ["."]
 from tests.real import require_vllm_python
 
 MAKE_MODEL = Path(__file__).resolve().parent / "make_tiny_model.py"
-SERVED_NAME = "tiny-llama"
 NUM_SPECULATIVE_TOKENS = 4
 MODEL_BUILD_TIMEOUT = 300.0
 # Startup takes 60-70 s on 2 cores (model load, engine profiling, warm-up); leave room for a

@@ -23,6 +23,7 @@ PROMPTS = [
     "Which temperature keeps acceptance high?",
 ]
 MAX_TOKENS = 32
+SERVED_NAME = "tiny-llama"  # the name the e2e server serves its model under
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ async def chat(
     temperature: float,
     prompt: str = PROMPTS[0],
     max_tokens: int = MAX_TOKENS,
-    model: str = "tiny-llama",
+    model: str = SERVED_NAME,
 ) -> dict[str, Any]:
     """One chat completion of exactly ``max_tokens`` tokens (``ignore_eos``)."""
     body = {

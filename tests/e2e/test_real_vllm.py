@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +37,7 @@ from tests.e2e.realclient import (
     spec_counters,
     traffic_loop,
 )
+from tests.processes import Daemon, specguard
 
 pytestmark = pytest.mark.real
 
@@ -114,28 +112,6 @@ async def test_acceptance_through_specguard_equals_vllms_own_counters(
     )
 
 
-async def specguard(*args: str, timeout: float = 120.0) -> tuple[int, str, str]:
-    """Run ``specguard ARGS`` to its end; on timeout kill it and fail with what it printed."""
-    started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    communicate = asyncio.ensure_future(process.communicate())
-    done, _ = await asyncio.wait({communicate}, timeout=timeout)
-    if not done:
-        process.kill()
-        out, err = await communicate
-        pytest.fail(
-            f"specguard {' '.join(args)} still running after {timeout:.0f} s; killed. "
-            f"stdout: {out.decode()[-2000:]!r} stderr: {err.decode()[-4000:]!r}"
-        )
-    out, err = communicate.result()
-    assert process.returncode is not None
-    print(f"specguard {args[0]}: {time.monotonic() - started:.1f} s")
-    return process.returncode, out.decode(), err.decode()
-
-
 async def test_eval_once_reports_what_vllm_counted_between_its_two_scrapes(
     vllm_server: VllmServer,
     session: aiohttp.ClientSession,
@@ -193,59 +169,22 @@ async def test_eval_once_reports_what_vllm_counted_between_its_two_scrapes(
     )
 
 
-class Daemon:
-    """One `specguard run` process, polled through its /api/status."""
+async def _rule(
+    daemon: Daemon,
+    name: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float,
+    check: Callable[[], None],
+) -> dict[str, Any]:
+    """The status row of rule ``name`` once it has one series and ``predicate`` holds for it."""
 
-    def __init__(self, config: Path, port: int, log: Path) -> None:
-        self.config, self.port, self.log = config, port, log
-        self.process: subprocess.Popen[bytes] | None = None
+    def rows(body: dict[str, Any]) -> list[dict[str, Any]]:
+        return [row for row in body["rules"] if row["rule"] == name]
 
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "daemon", "run", "--config", str(self.config), "--log-format", "json"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-
-    def stop(self) -> int:
-        assert self.process is not None
-        self.process.terminate()
-        try:
-            return self.process.wait(timeout=15)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-
-    async def rule(
-        self,
-        session: aiohttp.ClientSession,
-        name: str,
-        predicate: Callable[[dict[str, Any]], bool],
-        timeout: float,
-        check: Callable[[], None] = lambda: None,
-    ) -> dict[str, Any]:
-        """Poll /api/status until rule ``name`` has one series and ``predicate`` holds for it."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            check()
-            assert self.process is not None
-            if self.process.poll() is not None:
-                pytest.fail(f"specguard exited with {self.process.returncode}:\n{self.log.read_text()}")
-            try:
-                async with session.get(f"http://127.0.0.1:{self.port}/api/status") as response:
-                    body = await response.json()
-                rows = [row for row in body["rules"] if row["rule"] == name]
-                last = rows
-                if len(rows) == 1 and predicate(rows[0]):
-                    return dict(rows[0])
-            except aiohttp.ClientError:
-                pass  # not listening yet
-            await asyncio.sleep(0.5)
-        pytest.fail(f"rule {name} never matched; last: {last}\nlog:\n{self.log.read_text()[-3000:]}")
+    body = await daemon.wait_for(
+        lambda b: len(rows(b)) == 1 and predicate(rows(b)[0]), timeout=timeout, check=check
+    )
+    return rows(body)[0]
 
 
 async def test_acceptance_collapses_at_temperature_15_and_specguard_run_fires(
@@ -279,8 +218,8 @@ async def test_acceptance_collapses_at_temperature_15_and_specguard_run_fires(
         # Temperature 0: the daemon sees high acceptance and stays quiet.
         cold_start = await _refresh_at_rest(cold, session, vllm_server)
         async with traffic_loop(session, vllm_server.url, temperature=0) as traffic:
-            quiet = await daemon.rule(
-                session,
+            quiet = await _rule(
+                daemon,
                 "acceptance_low",
                 lambda row: row["value"] is not None and row["value"] > HIGH_ACCEPTANCE,
                 timeout=60,
@@ -293,8 +232,8 @@ async def test_acceptance_collapses_at_temperature_15_and_specguard_run_fires(
 
         # Temperature 1.5: acceptance collapses and the rule fires.
         async with traffic_loop(session, vllm_server.url, temperature=1.5) as traffic:
-            firing = await daemon.rule(
-                session,
+            firing = await _rule(
+                daemon,
                 "acceptance_low",
                 lambda row: row["state"] == "firing",
                 timeout=120,

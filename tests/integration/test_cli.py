@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from daemon.signals import CATALOG
-
-
-async def specguard(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+from tests.processes import specguard
 
 
 def rows_of(out: str) -> list[dict[str, Any]]:

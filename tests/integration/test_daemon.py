@@ -5,18 +5,16 @@ replaying a real vLLM 0.32.0 capture, with its state in a real SQLite file.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
+
+from tests.processes import Daemon
 
 # The replayed server's acceptance is 30 accepted / 50 drafted = 0.6 in every window.
 RULES = """\
@@ -31,82 +29,6 @@ rules:
     annotations:
       summary: "acceptance {{value:.2f}} on {{labels[instance]}}"
 """
-
-
-class Daemon:
-    """One `specguard run` process."""
-
-    def __init__(self, config: Path, port: int, log: Path):
-        self.config, self.port, self.log = config, port, log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "daemon",
-                    "run",
-                    "--config",
-                    str(self.config),
-                    "--log-format",
-                    "json",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        assert self.process is not None
-        self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=15)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-
-    def signal(self, sig: int) -> None:
-        assert self.process is not None
-        self.process.send_signal(sig)
-
-    def logs(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
-
-    async def get(self, path: str) -> tuple[int, Any]:
-        timeout = aiohttp.ClientTimeout(total=2)
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.get(self.url + path) as response,
-        ):
-            if response.content_type == "application/json":
-                return response.status, await response.json()
-            return response.status, await response.text()
-
-    async def wait_for(
-        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20
-    ) -> dict[str, Any]:
-        """Poll /api/status until ``predicate`` holds for it."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                pytest.fail(f"specguard exited with {self.process.returncode}:\n{self.log.read_text()}")
-            try:
-                status, body = await self.get("/api/status")
-                last = body
-                if status == 200 and predicate(body):
-                    return dict(body)
-            except aiohttp.ClientError:
-                pass  # not listening yet
-            await asyncio.sleep(0.2)
-        pytest.fail(f"status never matched; last: {last}\nlog:\n{self.log.read_text()[-3000:]}")
 
 
 def _state(body: dict[str, Any], rule: str = "acceptance_below_07") -> list[dict[str, Any]]:

@@ -1,0 +1,118 @@
+"""specguard in its own process, as an operator runs it: one-shot commands and the daemon.
+
+Shared by the integration tier and the real-vLLM tier. Nothing started here outlives a test: a command
+that overruns is killed, a daemon that does not stop on its signal is killed and reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+
+async def specguard(*args: str, cwd: Path | None = None, timeout: float = 120.0) -> tuple[int, str, str]:
+    """Run ``specguard ARGS`` to its end: (exit code, stdout, stderr).
+
+    On timeout the process is killed and the test fails with what it printed."""
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd,
+    )  # fmt: skip
+    communicate = asyncio.ensure_future(process.communicate())
+    done, _ = await asyncio.wait({communicate}, timeout=timeout)
+    if not done:
+        process.kill()
+        out, err = await communicate
+        pytest.fail(
+            f"specguard {' '.join(args)} still running after {timeout:.0f} s; killed. "
+            f"stdout: {out.decode()[-2000:]!r} stderr: {err.decode()[-4000:]!r}"
+        )
+    out, err = communicate.result()
+    assert process.returncode is not None
+    print(f"specguard {' '.join(args)}: {time.monotonic() - started:.1f} s")  # shown with a failure
+    return process.returncode, out.decode(), err.decode()
+
+
+class Daemon:
+    """One `specguard run` process, its JSON log in a file, polled through its HTTP server."""
+
+    def __init__(self, config: Path, port: int, log: Path):
+        self.config, self.port, self.log = config, port, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "daemon", "run", "--config", str(self.config), "--log-format", "json"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Send ``sig`` and return the exit code; killed (and reaped) if it has not exited in 15 s."""
+        assert self.process is not None
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=15)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def logs(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        timeout = aiohttp.ClientTimeout(total=2)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(self.url + path) as response,
+        ):
+            if response.content_type == "application/json":
+                return response.status, await response.json()
+            return response.status, await response.text()
+
+    async def wait_for(
+        self,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout: float = 20,
+        check: Callable[[], None] = lambda: None,
+    ) -> dict[str, Any]:
+        """Poll /api/status until ``predicate`` holds for it; ``check`` runs before each poll (it may
+        raise to end the wait early, as a traffic loop that failed does)."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            check()
+            assert self.process is not None
+            if self.process.poll() is not None:
+                pytest.fail(f"specguard exited with {self.process.returncode}:\n{self.log.read_text()}")
+            try:
+                status, body = await self.get("/api/status")
+                last = body
+                if status == 200 and predicate(body):
+                    return dict(body)
+            except aiohttp.ClientError:
+                pass  # not listening yet
+            await asyncio.sleep(0.2)
+        pytest.fail(f"status never matched; last: {last}\nlog:\n{self.log.read_text()[-3000:]}")
