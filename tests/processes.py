@@ -50,6 +50,7 @@ class Daemon:
     def __init__(self, config: Path, port: int, log: Path):
         self.config, self.port, self.log = config, port, log
         self.process: subprocess.Popen[bytes] | None = None
+        self.polls: list[float] = []  # seconds each status poll waited for its answer (or timed out)
 
     @property
     def url(self) -> str:
@@ -82,10 +83,9 @@ class Daemon:
     def logs(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
 
-    async def get(self, path: str) -> tuple[int, Any]:
-        timeout = aiohttp.ClientTimeout(total=2)
+    async def get(self, path: str, timeout: float = 10) -> tuple[int, Any]:
         async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
             session.get(self.url + path) as response,
         ):
             if response.content_type == "application/json":
@@ -107,12 +107,23 @@ class Daemon:
             assert self.process is not None
             if self.process.poll() is not None:
                 pytest.fail(f"specguard exited with {self.process.returncode}:\n{self.log.read_text()}")
+            asked = time.monotonic()
             try:
-                status, body = await self.get("/api/status")
+                status, body = await self.get("/api/status", timeout=max(1.0, min(10.0, deadline - asked)))
+            except TimeoutError:
+                # Not yet, rather than a failure: the daemon shares a CPU with vLLM's engine core in
+                # the real-vLLM tier, and answered there in up to 2.4 s (measured).
+                self.polls.append(time.monotonic() - asked)
+                last = f"no answer in {self.polls[-1]:.1f} s"
+            except aiohttp.ClientError:
+                pass  # not listening yet
+            else:
+                self.polls.append(time.monotonic() - asked)
                 last = body
                 if status == 200 and predicate(body):
                     return dict(body)
-            except aiohttp.ClientError:
-                pass  # not listening yet
             await asyncio.sleep(0.2)
-        pytest.fail(f"status never matched; last: {last}\nlog:\n{self.log.read_text()[-3000:]}")
+        pytest.fail(
+            f"status never matched in {timeout:.0f} s; last: {last}; slowest poll {max(self.polls, default=0):.1f} s"
+            f"\nlog:\n{self.log.read_text()[-3000:]}"
+        )

@@ -187,6 +187,14 @@ async def _rule(
     return rows(body)[0]
 
 
+def _polls(daemon: Daemon) -> str:
+    """How fast the daemon answered /api/status while sharing its CPU with vLLM's engine."""
+    polls = sorted(daemon.polls)
+    if not polls:
+        return "no status polls"
+    return f"/api/status over {len(polls)} polls: median {polls[len(polls) // 2]:.2f} s, slowest {polls[-1]:.2f} s"
+
+
 async def test_acceptance_collapses_at_temperature_15_and_specguard_run_fires(
     vllm_server: VllmServer,
     session: aiohttp.ClientSession,
@@ -257,7 +265,7 @@ async def test_acceptance_collapses_at_temperature_15_and_specguard_run_fires(
         f"acceptance through specguard: temperature 0 {cold_rate.value:.3f} "
         f"({cold_counted.accepted:.0f}/{cold_counted.draft_tokens:.0f}), temperature 1.5 "
         f"{hot_rate.value:.3f} ({hot_counted.accepted:.0f}/{hot_counted.draft_tokens:.0f}); "
-        f"specguard run fired at {firing['value']:.3f}"
+        f"specguard run fired at {firing['value']:.3f}; {_polls(daemon)}"
     )
     assert cold_rate.value == pytest.approx(cold_counted.acceptance_rate, rel=1e-12)
     assert hot_rate.value == pytest.approx(hot_counted.acceptance_rate, rel=1e-12)
