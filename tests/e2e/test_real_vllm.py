@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,9 +123,12 @@ async def test_eval_once_reports_what_vllm_counted_between_its_two_scrapes(
     # `eval --once` scrapes twice, --sample-gap apart, while traffic runs. A pass-through proxy
     # keeps the two pages it was served, so the expected values come from exactly those pages.
     pages: list[str] = []
+    fetches: list[float] = []  # seconds vLLM took to serve each page: `eval` gives up after 5
 
     async def metrics(_: web.Request) -> web.Response:
+        started = time.monotonic()
         text = await metrics_text(session, vllm_server.url)
+        fetches.append(time.monotonic() - started)
         pages.append(text)
         return web.Response(text=text, content_type="text/plain")
 
@@ -147,7 +151,7 @@ async def test_eval_once_reports_what_vllm_counted_between_its_two_scrapes(
         )  # fmt: skip
     assert code == 0, err
     assert traffic.requests > 0
-    assert len(pages) == 2
+    assert len(pages) == 2, (fetches, err)
     counted = spec_counters(pages[1]) - spec_counters(pages[0])
     assert counted.drafts > 0
 
@@ -165,7 +169,8 @@ async def test_eval_once_reports_what_vllm_counted_between_its_two_scrapes(
     report(
         f"eval --once over {traffic.requests} requests: acceptance {acceptance['value']:.3f} "
         f"({counted.accepted:.0f}/{counted.draft_tokens:.0f}), mean acceptance length "
-        f"{rows[('length', None)]['value']:.3f}"
+        f"{rows[('length', None)]['value']:.3f}; vLLM served the pages in "
+        + ", ".join(f"{f:.2f} s" for f in fetches)
     )
 
 
