@@ -123,7 +123,8 @@ async def test_eval_once_reports_what_vllm_counted_between_its_two_scrapes(
     # `eval --once` scrapes twice, --sample-gap apart, while traffic runs. A pass-through proxy
     # keeps the two pages it was served, so the expected values come from exactly those pages.
     pages: list[str] = []
-    fetches: list[float] = []  # seconds vLLM took to serve each page: `eval` gives up after 5
+    # Seconds vLLM took to serve each page; `eval` waits 5 s at most (its default scrape timeout).
+    fetches: list[float] = []
 
     async def metrics(_: web.Request) -> web.Response:
         started = time.monotonic()
