@@ -108,20 +108,23 @@ class Daemon:
             if self.process.poll() is not None:
                 pytest.fail(f"specguard exited with {self.process.returncode}:\n{self.log.read_text()}")
             asked = time.monotonic()
+            answer: tuple[int, Any] | None = None
             try:
-                status, body = await self.get("/api/status", timeout=max(1.0, min(10.0, deadline - asked)))
+                answer = await self.get("/api/status", timeout=max(1.0, min(10.0, deadline - asked)))
             except TimeoutError:
                 # Not yet, rather than a failure: the daemon shares a CPU with vLLM's engine core in
                 # the real-vLLM tier, and answered there in up to 2.4 s (measured).
-                self.polls.append(time.monotonic() - asked)
-                last = f"no answer in {self.polls[-1]:.1f} s"
+                pass
             except aiohttp.ClientError:
-                pass  # not listening yet
+                await asyncio.sleep(0.2)  # not listening yet
+                continue
+            self.polls.append(time.monotonic() - asked)
+            if answer is None:
+                last = f"no answer in {self.polls[-1]:.1f} s"
             else:
-                self.polls.append(time.monotonic() - asked)
-                last = body
-                if status == 200 and predicate(body):
-                    return dict(body)
+                status, last = answer
+                if status == 200 and predicate(last):
+                    return dict(last)
             await asyncio.sleep(0.2)
         pytest.fail(
             f"status never matched in {timeout:.0f} s; last: {last}; slowest poll {max(self.polls, default=0):.1f} s"
