@@ -326,7 +326,7 @@ def cmd_simulate(argv: Sequence[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sim_cli.add_arguments(parser)
-    return sim_cli.run(parser.parse_args(argv))
+    return sim_cli.run(sim_cli.parse_args(parser, argv))
 
 
 def cmd_signals(args: argparse.Namespace) -> int:

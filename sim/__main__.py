@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sim.cli import add_arguments, run
+from sim.cli import add_arguments, parse_args, run
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m sim")
     add_arguments(parser)
-    return run(parser.parse_args())
+    return run(parse_args(parser, sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,13 @@ from pathlib import Path
 
 from daemon import logs
 from daemon.yamlfile import FileProblems
+from sim import vllm_args
 from sim.options import (
     DEFAULT_ACCEPTANCE,
     DEFAULT_BATCH_SLOWDOWN,
+    DEFAULT_BLOCK_SIZE,
     DEFAULT_KV_CAPACITY_TOKENS,
+    DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_MEAN_OUTPUT_TOKENS,
@@ -49,7 +52,14 @@ EPILOG = """\
 examples:
   specguard simulate --speculative-config '{"method": "eagle3", "model": "draft", "num_speculative_tokens": 3}'
   specguard simulate -sc '{"method": "ngram", "num_speculative_tokens": 4}' --acceptance 0.6 --port 8001
+  specguard simulate --speculative-config.method ngram --speculative-config.num_speculative_tokens 4
+  specguard simulate --spec-method ngram --spec-tokens 4 --data-parallel-size 2
   specguard simulate --config vllm.yaml --scenario sim/examples/scenario-acceptance-drop.yaml --ground-truth truth.jsonl
+
+The speculative config is assembled as vLLM 0.32 does it: the --config file's, replaced by
+--speculative-config/-sc, replaced in turn by the dotted --speculative-config.KEY VALUE form (the
+dotted keys are merged with each other, not with the JSON); --spec-method, --spec-model and
+--spec-tokens then add their key and refuse one that is already set.
 
 Per-request truth (tokens, accepted drafts per step) is at GET /sim/ground-truth.
 """
@@ -70,8 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--speculative-config",
         "-sc",
         metavar="JSON",
-        help='vLLM\'s speculative config, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'; '
-        "num_speculative_tokens (> 0) sets k. Without it: plain decoding and no spec_decode metrics",
+        help='vLLM\'s speculative config, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\', or '
+        "key by key: --speculative-config.method ngram; num_speculative_tokens (> 0) sets k. "
+        "Without it: plain decoding and no spec_decode metrics",
+    )
+    vllm.add_argument(
+        "--spec-method", metavar="METHOD", help="the speculative config's method (vLLM >= 0.22)"
+    )
+    vllm.add_argument("--spec-model", metavar="MODEL", help="the speculative config's draft model")
+    vllm.add_argument(
+        "--spec-tokens", type=int, metavar="K", help="the speculative config's num_speculative_tokens"
     )
     vllm.add_argument(
         "--config",
@@ -91,6 +109,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help=f"context window: prompt + completion tokens (default: {DEFAULT_MAX_MODEL_LEN})",
+    )
+    vllm.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        metavar="N",
+        help="engines behind the one API server, each with its own scheduler, KV cache and `engine` "
+        "label; requests go to the least loaded (default: 1)",
+    )
+    vllm.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help=f"tokens per KV-cache block; the prefix cache reuses whole blocks (default: {DEFAULT_BLOCK_SIZE})",
+    )
+    vllm.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV cache of prompt blocks seen before (default: on, as in vLLM)",
+    )
+    vllm.add_argument(
+        "--max-logprobs",
+        type=int,
+        metavar="N",
+        help=f"most logprobs a request may ask for (default: {DEFAULT_MAX_LOGPROBS})",
     )
     vllm.add_argument("--seed", type=int, metavar="N", help="seed for acceptance draws and generated text")
 
@@ -166,6 +210,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` rewritten as vLLM's parser rewrites it (sim.vllm_args), then parsed by ``parser``.
+
+    Duplicate dotted keys are logged as vLLM logs them; argparse exits (status 2) on bad arguments.
+    """
+    try:
+        rewritten, duplicates = vllm_args.rewrite(argv)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    if duplicates:
+        log.warning("Found duplicate keys %s", ", ".join(duplicates))
+    return parser.parse_args(rewritten)
+
+
 def parse_options(argv: Sequence[str]) -> SimOptions:
     """SimOptions from a command line as ``specguard simulate`` takes it (for embedding and tests).
 
@@ -173,7 +231,7 @@ def parse_options(argv: Sequence[str]) -> SimOptions:
     """
     parser = argparse.ArgumentParser(prog=PROG)
     add_arguments(parser)
-    return options_from_args(parser.parse_args(list(argv)))
+    return options_from_args(parse_args(parser, argv))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,10 +278,11 @@ async def _serve(options: SimOptions) -> int:
             return 1
         k = options.num_speculative_tokens
         log.info(
-            "serving %s on %s (%s)",
+            "serving %s on %s (%s%s)",
             options.model,
             simulator.url,
             f"speculative decoding, k={k}" if k else "no speculative decoding",
+            f", {options.data_parallel_size} engines" if options.data_parallel_size > 1 else "",
         )
         closed = asyncio.create_task(simulator.wait_closed())
         try:

@@ -5,7 +5,8 @@ most ``max_num_seqs`` running, and only if their tokens fit the KV cache), sleep
 cost, then for every running request either prefills (first step after admission: one token, no
 draft, as vLLM samples the first token from the prefill) or decodes (k draft tokens, an accepted
 prefix, plus the bonus token). Each request's tokens of a step go out as one output, which the HTTP
-layer turns into one SSE chunk.
+layer turns into one SSE chunk. Prompt blocks already in the prefix cache (sim.prefix_cache) are not
+computed again: they cost no prefill time.
 
 KV cache, simplified (no blocks): a running request holds ``prompt + generated`` tokens; a decode
 step needs ``1 + k`` more slots for the tokens it may add (vLLM reserves the lookahead slots too).
@@ -30,6 +31,7 @@ from typing import Protocol
 
 from sim import model
 from sim.options import SimOptions, check_acceptance
+from sim.prefix_cache import PrefixCache, block_hashes
 from sim.records import RequestRecord, StepRecord
 from sim.tokens import TokenText
 
@@ -43,6 +45,8 @@ class GenerationParams:
     temperature: float = 1.0
     ignore_eos: bool = False
     request_id: str | None = None
+    # The prompt's token ids, for the prefix cache; empty: a prompt that shares nothing.
+    prompt_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class StepOutput:
     text: str
     tokens: int
     finish_reason: str | None  # set on the request's last output
+    pieces: tuple[str, ...] = ()  # the text of each token
 
 
 class EngineStopped(Exception):
@@ -68,7 +73,9 @@ class RequestStep:
 
 @dataclass(frozen=True)
 class EngineStep:
+    engine: int  # the engine's index (vLLM's `engine` label)
     prompt_tokens: int  # prompt tokens prefilled for the first time in this step
+    cached_tokens: int  # ...of which found in the prefix cache (not computed)
     outputs: Sequence[RequestStep]
 
     @property
@@ -81,9 +88,9 @@ class EngineListener(Protocol):
 
     def on_step(self, step: EngineStep) -> None: ...
 
-    def on_finished(self, record: RequestRecord) -> None: ...
+    def on_finished(self, engine: int, record: RequestRecord) -> None: ...
 
-    def on_preempted(self, record: RequestRecord) -> None: ...
+    def on_preempted(self, engine: int, record: RequestRecord) -> None: ...
 
 
 @dataclass
@@ -96,6 +103,7 @@ class EngineCounters:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # by finish reason
@@ -111,13 +119,22 @@ class _State(Enum):
 
 
 class _Request:
-    def __init__(self, record: RequestRecord, stop_at: int, stop_reason: str, text: TokenText) -> None:
+    def __init__(
+        self,
+        record: RequestRecord,
+        stop_at: int,
+        stop_reason: str,
+        text: TokenText,
+        block_hashes: Sequence[int],
+    ) -> None:
         self.record = record
+        self.block_hashes = block_hashes
         self.stop_at = stop_at  # completion tokens at which the request ends
         self.stop_reason = stop_reason  # "stop" (EOS) or "length" (max_tokens)
         self.text = text
         self.state = _State.WAITING
         self.needs_prefill = True
+        self.cached_tokens = 0  # prompt tokens the prefix cache holds for the coming prefill
         self.outputs: asyncio.Queue[StepOutput | None] = asyncio.Queue()
 
     @property
@@ -175,14 +192,21 @@ class Engine:
         options: SimOptions,
         listener: EngineListener,
         on_record: Callable[[RequestRecord], None] | None = None,
+        index: int = 0,
     ) -> None:
         self.options = options
+        self.index = index  # among data-parallel engines
         self.k = options.num_speculative_tokens
         self.counters = EngineCounters(accepted_per_position=[0] * self.k)
         self._listener = listener
         self._on_record = on_record
         self._acceptance = list(options.acceptance_by_position)
-        self._rng = random.Random(options.seed)
+        self._rng = random.Random(None if options.seed is None else f"{options.seed}/engine{index}")
+        self.prefix_cache = PrefixCache(
+            options.block_size,
+            options.kv_capacity_tokens // options.block_size,
+            options.enable_prefix_caching,
+        )
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []  # admission order: the last is preempted first
         self._unfinished: set[_Request] = set()
@@ -248,6 +272,11 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def num_unfinished(self) -> int:
+        """Requests submitted and not finished: what the data-parallel router balances."""
+        return len(self._unfinished)
+
     def kv_usage(self) -> float:
         held = sum(request.held_tokens for request in self._running)
         usage = held / self.options.kv_capacity_tokens
@@ -268,8 +297,10 @@ class Engine:
         max_tokens = params.max_tokens or self.options.max_model_len - params.prompt_tokens
         if params.prompt_tokens < 1 or max_tokens < 1:
             raise ValueError("a request needs >= 1 prompt token and room for >= 1 completion token")
+        if params.prompt_token_ids and len(params.prompt_token_ids) != params.prompt_tokens:
+            raise ValueError("prompt_token_ids must hold prompt_tokens ids")
         self._sequence += 1
-        seed = f"{self.options.seed}/{self._sequence}" if self.options.seed is not None else None
+        seed = f"{self.options.seed}/{self.index}/{self._sequence}" if self.options.seed is not None else None
         text_rng = random.Random(seed)
         record = RequestRecord(
             id=params.request_id or uuid.uuid4().hex,
@@ -279,12 +310,14 @@ class Engine:
             temperature=params.temperature,
             ignore_eos=params.ignore_eos,
             arrival_time=self._wall(time.monotonic()),
+            engine=self.index,
         )
+        hashes = block_hashes(params.prompt_token_ids, self.options.block_size)
         eos_at = model.natural_length(text_rng, self.options.mean_output_tokens)
         if not params.ignore_eos and eos_at <= max_tokens:
-            request = _Request(record, eos_at, "stop", TokenText(text_rng))
+            request = _Request(record, eos_at, "stop", TokenText(text_rng), hashes)
         else:
-            request = _Request(record, max_tokens, "length", TokenText(text_rng))
+            request = _Request(record, max_tokens, "length", TokenText(text_rng), hashes)
         self._unfinished.add(request)
         self._records.append(record)
         self._waiting.append(request)
@@ -322,7 +355,7 @@ class Engine:
             if not batch:  # nothing fits yet (cannot happen with valid options); try next step
                 await asyncio.sleep(self.options.step_time)
                 continue
-            prefill = sum(r.held_tokens for r in batch if r.needs_prefill)
+            prefill = sum(r.held_tokens - r.cached_tokens for r in batch if r.needs_prefill)
             cost = model.step_seconds(
                 self.options.step_time,
                 self.k,
@@ -360,8 +393,15 @@ class Engine:
             self._waiting.popleft()
             candidate.state = _State.RUNNING
             candidate.needs_prefill = True
+            candidate.cached_tokens = 0  # a preempted request recomputes what it held
             if candidate.record.scheduled_time is None:
                 candidate.record.scheduled_time = self._wall(time.monotonic())
+                # Looked up once, when first scheduled (a re-admission after preemption is not
+                # counted again in vLLM's prefix-cache metrics).
+                candidate.cached_tokens = self.prefix_cache.lookup(
+                    candidate.block_hashes, candidate.record.prompt_tokens
+                )
+                candidate.record.cached_tokens = candidate.cached_tokens
             self._running.append(candidate)
 
     def _preempt(self, request: _Request) -> None:
@@ -369,13 +409,14 @@ class Engine:
         request.record.preemptions += 1
         self.counters.preemptions += 1
         self._waiting.appendleft(request)  # vLLM puts preempted requests first in line
-        self._listener.on_preempted(request.record)
+        self._listener.on_preempted(self.index, request.record)
 
     def _execute(self, batch: Sequence[_Request]) -> None:
         wall = self._wall(time.monotonic())
         outputs: list[RequestStep] = []
         finished: list[tuple[_Request, str]] = []
         prompt_tokens = 0
+        cached_tokens = 0
         for request in batch:
             if request.state is not _State.RUNNING:  # aborted while the step ran
                 continue
@@ -386,6 +427,8 @@ class Engine:
                 draft_tokens, accepted = 0, 0
                 if first_token:
                     prompt_tokens += record.prompt_tokens
+                    cached_tokens += request.cached_tokens
+                    self.prefix_cache.insert(request.block_hashes, self._free_blocks())
             else:
                 draft_tokens = self.k
                 accepted = self._sample(record.temperature) if self.k else 0
@@ -404,12 +447,13 @@ class Engine:
             self._count(step)
             outputs.append(RequestStep(record, step, first_token, interval))
             reason = request.stop_reason if done else None
-            request.outputs.put_nowait(StepOutput(step.text, tokens, reason))
+            request.outputs.put_nowait(StepOutput(step.text, tokens, reason, tuple(pieces)))
             if reason is not None:
                 finished.append((request, reason))
         self.counters.steps += 1
         self.counters.prompt_tokens += prompt_tokens
-        self._listener.on_step(EngineStep(prompt_tokens, outputs))
+        self.counters.cached_prompt_tokens += cached_tokens
+        self._listener.on_step(EngineStep(self.index, prompt_tokens, cached_tokens, outputs))
         for request, reason in finished:
             self._running.remove(request)
             self._finish(request, reason, wall)
@@ -436,10 +480,15 @@ class Engine:
         record.finish_reason = reason
         record.finished_time = wall
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
-        self._listener.on_finished(record)
+        self._listener.on_finished(self.index, record)
         if self._on_record is not None:
             self._on_record(record)
         self._unfinished.discard(request)
+
+    def _free_blocks(self) -> int:
+        block = self.options.block_size
+        used = sum(-(-request.held_tokens // block) for request in self._running)
+        return self.prefix_cache.num_blocks - used
 
     def _wall(self, monotonic: float) -> float:
         return monotonic + self._wall_offset

@@ -6,16 +6,29 @@ platform and process collectors, as vLLM's default registry has them), so severa
 run in one process.
 
 Modelled: speculative-decoding counters (vLLM's counting rules, reference vllm.md section 1), token
-counters, request outcomes, latency histograms, running/waiting/KV gauges, preemptions and the
-HTTP metrics of prometheus-fastapi-instrumentator. Everything else (multi-modal and external
-caches, FLOPs estimates, admission rejections...) exists with vLLM's idle value.
+counters, request outcomes, latency histograms, running/waiting/KV gauges, preemptions, the prefix
+cache (queries, hits, prompt tokens by source) and the HTTP metrics of
+prometheus-fastapi-instrumentator. Everything else (multi-modal and external caches, FLOPs
+estimates, admission rejections...) exists with vLLM's idle value. With several data-parallel
+engines every per-engine series exists once per `engine` label value, as vLLM's
+PrometheusStatLogger creates them; the HTTP metrics and admission rejections are the API server's.
+
+The page is served the way vLLM 0.32 serves it (``vllm/entrypoints/serve/instrumentator/
+metrics.py``): ``GET /metrics`` is prometheus-fastapi-instrumentator's handler, which always
+answers the Prometheus text format (``text/plain; version=1.0.0``) with names as registered, colons
+included, whatever the ``Accept`` header asks. Anything else under ``/metrics`` (another method, a
+trailing slash) reaches prometheus_client's ASGI app, which negotiates the format and gzip, and
+answers Prometheus's OpenMetrics-first header with ``escaping=underscores`` (and then, through
+prometheus_client bug #1177, with underscores in the sample names): see :func:`render`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gzip
+from collections.abc import Callable, Sequence
 
 from prometheus_client import (
+    CONTENT_TYPE_LATEST,
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
@@ -25,13 +38,12 @@ from prometheus_client import (
     Histogram,
     Summary,
 )
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 
 from sim.engine import Engine, EngineStep
 from sim.options import SimOptions
 from sim.records import RequestRecord
 
-ENGINE_INDEX = "0"  # one engine, no data parallelism
 LABELS = ("model_name", "engine")
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
@@ -69,21 +81,27 @@ class VllmMetrics:
         self.registry = CollectorRegistry()
         for collector in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
             self.registry.register(collector)
-        self._labels = (options.model, ENGINE_INDEX)
+        # (model_name, engine) of every engine, as vLLM's per_engine_labelvalues
+        self._engines = [(options.model, str(i)) for i in range(options.data_parallel_size)]
         self.k = options.num_speculative_tokens
+        self._prefix_caching = options.enable_prefix_caching
         r = self.registry
         model = options.model
+        each = self._engines
 
         def counter(name: str, doc: str, extra: Sequence[str] = ()) -> Counter:
             return Counter(name, doc, [*LABELS, *extra], registry=r)
 
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             metric = Histogram(name, doc, LABELS, buckets=buckets, registry=r)
-            metric.labels(*self._labels)  # vLLM creates every series at startup
+            for labels in each:
+                metric.labels(*labels)  # vLLM creates every series at startup
             return metric
 
         def idle_counter(name: str, doc: str) -> None:
-            counter(name, doc).labels(*self._labels)
+            created = counter(name, doc)
+            for labels in each:
+                created.labels(*labels)
 
         if self.k:  # vLLM has no spec_decode series at all without a speculative config
             self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
@@ -94,10 +112,11 @@ class VllmMetrics:
                 "Accepted tokens per draft position.",
                 ["position"],
             )
-            for metric in (self.drafts, self.draft_tokens, self.accepted):
-                metric.labels(*self._labels)
-            for position in range(self.k):
-                self.accepted_per_pos.labels(*self._labels, str(position))
+            for labels in each:
+                for metric in (self.drafts, self.draft_tokens, self.accepted):
+                    metric.labels(*labels)
+                for position in range(self.k):
+                    self.accepted_per_pos.labels(*labels, str(position))
 
         mfu = "(for Model Flops Utilization calculations)."
         idle_counter(
@@ -131,9 +150,10 @@ class VllmMetrics:
             [*LABELS, "sleep_state"],
             registry=r,
         )
-        sleep_state.labels(*self._labels, "awake").set(1)
-        sleep_state.labels(*self._labels, "weights_offloaded")
-        sleep_state.labels(*self._labels, "discard_all")
+        for labels in each:
+            sleep_state.labels(*labels, "awake").set(1)
+            sleep_state.labels(*labels, "weights_offloaded")
+            sleep_state.labels(*labels, "discard_all")
         self.kv_usage = Gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", LABELS, registry=r
         )
@@ -141,8 +161,12 @@ class VllmMetrics:
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )
-        self.prefix_queries.labels(*self._labels)
-        idle_counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        for labels in each:
+            self.prefix_queries.labels(*labels)
+            self.prefix_hits.labels(*labels)
         kv_connector = "from KV connector cross-instance cache sharing, in terms of number of"
         idle_counter(
             "vllm:external_prefix_cache_queries",
@@ -156,31 +180,36 @@ class VllmMetrics:
         )
         idle_counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.preemptions.labels(*self._labels)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.prompt_tokens.labels(*self._labels)
         self.prompt_by_source = counter(
             "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ["source"]
         )
-        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
-            self.prompt_by_source.labels(*self._labels, source)
-        idle_counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
-        cached_by_source = counter(
+        self.prompt_cached = counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
+        )
+        for labels in each:
+            self.preemptions.labels(*labels)
+            self.prompt_tokens.labels(*labels)
+            self.prompt_cached.labels(*labels)
+            for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+                self.prompt_by_source.labels(*labels, source)
+        self.cached_by_source = counter(
             "vllm:prompt_tokens_cached_by_source",
             "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded "
             "to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
             "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
             ["source"],
         )
-        for source in ("device", "host", "p2p", "disk", "external_unspecified"):
-            cached_by_source.labels(*self._labels, source)
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.generation_tokens.labels(*self._labels)
         self.success = counter(
             "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
         )
-        for reason in FINISH_REASONS:
-            self.success.labels(*self._labels, reason)
+        for labels in each:
+            for source in ("device", "host", "p2p", "disk", "external_unspecified"):
+                self.cached_by_source.labels(*labels, source)
+            self.generation_tokens.labels(*labels)
+            for reason in FINISH_REASONS:
+                self.success.labels(*labels, reason)
         rejections = Counter(
             "vllm:admission_rejections",
             "Number of admission attempts rejected by a queue limit, by reason.",
@@ -255,33 +284,50 @@ class VllmMetrics:
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
             token_buckets,
         )
-        cache_info = cache_config_info(options)
-        Gauge(
+        cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            sorted(cache_info),
+            sorted(cache_config_info(options, "0")),
             registry=r,
-        ).labels(**cache_info).set(1)
+        )
+        for _, engine in each:
+            cache_info.labels(**cache_config_info(options, engine)).set(1)
         self.http = HttpMetrics(r)
 
-    def attach(self, engine: Engine) -> None:
-        """Read the gauges from ``engine`` at every scrape."""
-        labels = self._labels
-        self.running.labels(*labels).set_function(lambda: engine.num_running)
-        self.waiting.labels(*labels).set_function(lambda: engine.num_waiting)
-        self.waiting_by_reason.labels(*labels, "capacity").set_function(lambda: engine.num_waiting)
-        self.waiting_by_reason.labels(*labels, "deferred")
-        self.kv_usage.labels(*labels).set_function(engine.kv_usage)
+    def attach(self, engines: Sequence[Engine]) -> None:
+        """Read the gauges from the ``engines`` (by their index) at every scrape."""
+        for engine in engines:
+            labels = self._engines[engine.index]
+            self.running.labels(*labels).set_function(_reader(engine, "num_running"))
+            self.waiting.labels(*labels).set_function(_reader(engine, "num_waiting"))
+            self.waiting_by_reason.labels(*labels, "capacity").set_function(_reader(engine, "num_waiting"))
+            self.waiting_by_reason.labels(*labels, "deferred")
+            self.kv_usage.labels(*labels).set_function(engine.kv_usage)
 
-    def render(self, accept: str | None) -> tuple[bytes, str]:
-        """The exposition and its content type, in the format the scraper asked for."""
+    def render(
+        self, method: str, path: str, accept: str | None, accept_encoding: str | None
+    ) -> tuple[bytes, dict[str, str]]:
+        """The page and its headers, as vLLM answers ``method path`` with these request headers."""
+        if method in ("GET", "HEAD") and path == "/metrics":
+            return generate_latest(self.registry), {"Content-Type": CONTENT_TYPE_LATEST}
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        body = encoder(self.registry)
+        headers = {"Content-Type": content_type}
+        if gzip_accepted(accept_encoding or ""):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return body, headers
+
+    def observe_request(self, engine: int, n: int, max_generation_tokens: int) -> None:
+        """A request and its ``n`` choices (vLLM's ParentRequest) finished: once per request."""
+        labels = self._engines[engine]
+        self.params_n.labels(*labels).observe(n)
+        self.max_generation.labels(*labels).observe(max_generation_tokens)
 
     # --- EngineListener -----------------------------------------------------------------------------
 
     def on_step(self, step: EngineStep) -> None:
-        labels = self._labels
+        labels = self._engines[step.engine]
         for out in step.outputs:
             if out.step.draft_tokens > 0:
                 self.drafts.labels(*labels).inc()
@@ -291,21 +337,28 @@ class VllmMetrics:
                     self.accepted_per_pos.labels(*labels, str(position)).inc()
             if out.first_token:
                 prompt = out.record.prompt_tokens
+                cached = out.record.cached_tokens
                 self.prompt_tokens.labels(*labels).inc(prompt)
-                self.prompt_by_source.labels(*labels, "local_compute").inc(prompt)
-                self.prefix_queries.labels(*labels).inc(prompt)  # queried, never hit: prompts are unique
+                self.prompt_by_source.labels(*labels, "local_compute").inc(prompt - cached)
+                self.prompt_by_source.labels(*labels, "local_cache_hit").inc(cached)
+                self.prompt_cached.labels(*labels).inc(cached)
+                if self._prefix_caching:  # vLLM counts no query for a request that skips the lookup
+                    self.prefix_queries.labels(*labels).inc(prompt)
+                    self.prefix_hits.labels(*labels).inc(cached)
+                self.cached_by_source.labels(*labels, "device").inc(cached)
                 self.ttft.labels(*labels).observe(out.step.time - out.record.arrival_time)
             elif out.interval is not None:
                 # One observation per output-producing step, however many tokens it carried (V1).
                 self.itl.labels(*labels).observe(out.interval)
         self.generation_tokens.labels(*labels).inc(step.generated_tokens)
-        self.iteration_tokens.labels(*labels).observe(step.prompt_tokens + step.generated_tokens)
+        computed = step.prompt_tokens - step.cached_tokens
+        self.iteration_tokens.labels(*labels).observe(computed + step.generated_tokens)
 
-    def on_preempted(self, record: RequestRecord) -> None:
-        self.preemptions.labels(*self._labels).inc()
+    def on_preempted(self, engine: int, record: RequestRecord) -> None:
+        self.preemptions.labels(*self._engines[engine]).inc()
 
-    def on_finished(self, record: RequestRecord) -> None:
-        labels = self._labels
+    def on_finished(self, engine: int, record: RequestRecord) -> None:
+        labels = self._engines[engine]
         self.success.labels(*labels, record.finish_reason or "abort").inc()
         if record.finish_reason == "abort" or record.first_token_time is None:
             return  # an aborted request's timings describe the client, not the engine
@@ -317,16 +370,16 @@ class VllmMetrics:
         self.prefill_time.labels(*labels).observe(record.first_token_time - record.scheduled_time)
         self.decode_time.labels(*labels).observe(decode)
         self.inference_time.labels(*labels).observe(last_token - record.scheduled_time)
-        if record.completion_tokens > 1:
-            self.tpot.labels(*labels).observe(decode / (record.completion_tokens - 1))
+        # vLLM observes 0 for a one-token request (no interval to average).
+        tpot = decode / (record.completion_tokens - 1) if record.completion_tokens > 1 else 0.0
+        self.tpot.labels(*labels).observe(tpot)
         self.request_prompt.labels(*labels).observe(record.prompt_tokens)
         self.request_generation.labels(*labels).observe(record.completion_tokens)
-        self.max_generation.labels(*labels).observe(record.max_tokens)
-        self.params_n.labels(*labels).observe(1)
-        if record.max_tokens_param is not None:
-            self.params_max_tokens.labels(*labels).observe(record.max_tokens_param)
+        # The effective max_tokens (vLLM's sampling_params.max_tokens, after its defaults and the
+        # clamp to the context window).
+        self.params_max_tokens.labels(*labels).observe(record.max_tokens)
         self.request_preemptions.labels(*labels).observe(record.preemptions)
-        self.prefill_kv_computed.labels(*labels).observe(record.prompt_tokens)
+        self.prefill_kv_computed.labels(*labels).observe(record.prompt_tokens - record.cached_tokens)
 
 
 class HttpMetrics:
@@ -378,9 +431,13 @@ class HttpMetrics:
         self.duration.labels(handler, method).observe(seconds)
 
 
-def cache_config_info(options: SimOptions) -> dict[str, str]:
+def _reader(engine: Engine, attribute: str) -> Callable[[], float]:
+    return lambda: float(getattr(engine, attribute))
+
+
+def cache_config_info(options: SimOptions, engine: str) -> dict[str, str]:
     """vLLM 0.32's CacheConfig labels, as the captured CPU server had them, sized from the options."""
-    block_size = 128
+    block_size = options.block_size
     return {
         "_block_size_resolved": "True",
         "block_size": str(block_size),
@@ -388,8 +445,8 @@ def cache_config_info(options: SimOptions) -> dict[str, str]:
         "cache_hit_alignment_tokens": "None",
         "effective_attention_block_size": str(block_size),
         "enable_mamba_shared_prefix_checkpoint": "False",
-        "enable_prefix_caching": "True",
-        "engine": ENGINE_INDEX,
+        "enable_prefix_caching": str(options.enable_prefix_caching),
+        "engine": engine,
         "gpu_memory_utilization": "0.92",
         "hash_block_size": "None",
         "is_attention_free": "False",

@@ -42,6 +42,9 @@ DEFAULT_PREFILL_TOKENS_PER_STEP = 512
 # Without max_tokens and ignore_eos a request ends at its own EOS, after a geometrically distributed
 # number of tokens with this mean (vLLM's default max_tokens is the rest of the context window).
 DEFAULT_MEAN_OUTPUT_TOKENS = 128
+# vLLM's block size on GPUs (the CPU backend uses 128): the prefix cache hits whole blocks only.
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs
 
 CONFIG_SUFFIXES = (".yaml", ".yml")  # vLLM's FlexibleArgumentParser accepts only these
 
@@ -116,6 +119,12 @@ class SimOptions:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     prefill_tokens_per_step: int = DEFAULT_PREFILL_TOKENS_PER_STEP
     mean_output_tokens: float = DEFAULT_MEAN_OUTPUT_TOKENS
+    # Engines behind the one API server, each with its own scheduler, KV cache (kv_capacity_tokens
+    # each) and `engine` label, as vLLM's --data-parallel-size gives them.
+    data_parallel_size: int = 1
+    block_size: int = DEFAULT_BLOCK_SIZE
+    enable_prefix_caching: bool = True
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
 
     def __post_init__(self) -> None:
         self.acceptance_by_position = check_acceptance(self.acceptance_by_position)
@@ -134,6 +143,16 @@ class SimOptions:
             "mean output tokens must be >= 1",
         )
         _check(_finite(self.startup_delay) and self.startup_delay >= 0, "startup delay must be >= 0 seconds")
+        _check(self.data_parallel_size >= 1, "data-parallel-size must be >= 1")
+        _check(self.block_size >= 1, "block-size must be >= 1")
+        _check(self.max_logprobs >= 0, "max-logprobs must be >= 0")
+        if self.scenario is not None:
+            for event in self.scenario.timeline:
+                _check(
+                    event.engine is None or event.engine < self.data_parallel_size,
+                    f"scenario event at {event.at:g}s names engine {event.engine}, but there are "
+                    f"{self.data_parallel_size} engine(s) (0-{self.data_parallel_size - 1})",
+                )
         # vLLM refuses to start when the KV cache cannot hold one request of max_model_len tokens
         # (plus the draft slots it reserves), and so does the simulator: a request that alone does
         # not fit could never finish.
@@ -218,19 +237,25 @@ def _config_file(args: argparse.Namespace) -> ConfigFile | None:
     return None if path is None else read_config_file(Path(path))
 
 
+_SHORTHANDS = (
+    ("--spec-method", "spec_method", "method"),
+    ("--spec-model", "spec_model", "model"),
+    ("--spec-tokens", "spec_tokens", "num_speculative_tokens"),
+)
+
+
 def load_speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
     """The speculative config a vLLM started with ``args`` would use; None when there is none.
 
-    ``--speculative-config``/``-sc`` (a JSON string) wins over the ``speculative-config`` key of
-    the ``--config`` YAML file, which may hold a JSON string or (vLLM >= 0.16) a mapping.
-    Raises OptionsError or FileProblems naming the problem.
+    ``--speculative-config``/``-sc`` (a JSON string, or what its dotted form assembled) wins over
+    the ``speculative-config`` key of the ``--config`` YAML file, which may hold a JSON string or
+    (vLLM >= 0.16) a mapping. ``--spec-method``/``--spec-model``/``--spec-tokens`` then add their
+    key; one the config already has is an error, as in vLLM. Raises OptionsError or FileProblems.
     """
     raw: Any = getattr(args, "speculative_config", None)
     where = "--speculative-config"
-    if raw is None:
-        config = _config_file(args)
-        if config is None or config.values.get("speculative_config") is None:
-            return None
+    config = _config_file(args)
+    if raw is None and config is not None and config.values.get("speculative_config") is not None:
         raw = config.values["speculative_config"]
         where = config.where("speculative_config")
     if isinstance(raw, str):
@@ -238,8 +263,25 @@ def load_speculative_config(args: argparse.Namespace) -> SpeculativeConfig | Non
             raw = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise OptionsError(f"{where}: invalid JSON: {exc}") from None
+    if raw is not None and not isinstance(raw, Mapping):
+        raise OptionsError(f"{where}: the speculative config must be a JSON object, got {type(raw).__name__}")
+    merged: dict[str, Any] | None = None if raw is None else dict(raw)
+    for flag, dest, key in _SHORTHANDS:
+        value = getattr(args, dest, None)
+        if value is None and config is not None:
+            value = config.values.get(dest)  # a config file's keys become command-line options
+        if value is None:
+            continue
+        merged = {} if merged is None else merged
+        if key in merged:
+            raise OptionsError(f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+        merged[key] = value
+        where = flag if raw is None else where
+    if merged is None:
+        return None
     try:
-        return SpeculativeConfig.from_mapping(raw)
+        # vLLM accepts `num-speculative-tokens` for `num_speculative_tokens` at the top level.
+        return SpeculativeConfig.from_mapping({str(k).replace("-", "_"): v for k, v in merged.items()})
     except OptionsError as exc:
         raise OptionsError(f"{where}: {exc}") from None
 
@@ -282,6 +324,10 @@ _CONVERTERS: dict[str, Any] = {
     "scenario": Path,
     "seed": int,
     "ground_truth": Path,
+    "data_parallel_size": int,
+    "block_size": int,
+    "enable_prefix_caching": bool,
+    "max_logprobs": int,
 }
 _ACCEPTANCE_KEYS = ("acceptance", "acceptance_by_position")
 
@@ -293,6 +339,10 @@ def _file_value(config: ConfigFile, dest: str) -> Any:
             return parse_acceptance_list(value) if isinstance(value, str) else check_acceptance(value)
         if dest == "acceptance":
             return check_acceptance([value])
+        if dest == "enable_prefix_caching":
+            if not isinstance(value, bool):
+                raise ValueError(f"expected true or false, got {value!r}")
+            return value
         if isinstance(value, bool | list | dict) or value is None:
             raise ValueError(f"unexpected value {value!r}")
         return _CONVERTERS[dest](value)
@@ -305,7 +355,7 @@ def ignored_config_keys(args: argparse.Namespace) -> list[str]:
     config = _config_file(args)
     if config is None:
         return []
-    known = {*_CONVERTERS, *_ACCEPTANCE_KEYS, "speculative_config"}
+    known = {*_CONVERTERS, *_ACCEPTANCE_KEYS, "speculative_config", *(dest for _, dest, _ in _SHORTHANDS)}
     return sorted(key.replace("_", "-") for key in config.values if key not in known)
 
 

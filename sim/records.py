@@ -36,6 +36,8 @@ class RequestRecord:
     temperature: float
     ignore_eos: bool
     arrival_time: float
+    engine: int = 0  # the data-parallel engine that served it
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
     completion_tokens: int = 0
     finish_reason: str | None = None  # length | stop | abort; None while running
     scheduled_time: float | None = None  # first admission to the running batch

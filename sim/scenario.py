@@ -6,6 +6,9 @@ timeline:
     acceptance: 0.2                     # or acceptance_by_position: [0.9, 0.5]
   - at: 90s
     kv_usage: {to: 0.98, over: 30s}     # ramp the reported KV-cache usage floor; `kv_usage: 0.5` jumps
+  - at: 120s
+    engine: 1                           # with --data-parallel-size: this engine only (default: all)
+    kv_usage: 0.99
   - at: 300s
     die: true                           # stop answering: the port closes, streams are cut
 ```
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -44,6 +47,7 @@ class KvRamp(_Strict):
 
 class TimelineEvent(_Strict):
     at: Duration
+    engine: int | None = Field(None, ge=0)  # None: every engine
     acceptance: Probability | None = None
     acceptance_by_position: list[Probability] | None = Field(None, min_length=1)
     kv_usage: Probability | KvRamp | None = None
@@ -53,6 +57,8 @@ class TimelineEvent(_Strict):
     def _one_change(self) -> TimelineEvent:
         if self.acceptance is not None and self.acceptance_by_position is not None:
             raise ValueError("give `acceptance` or `acceptance_by_position`, not both")
+        if self.die and self.engine is not None:
+            raise ValueError("`die` stops the whole server: it takes no `engine`")
         if (
             self.acceptance is None
             and self.acceptance_by_position is None
@@ -95,29 +101,43 @@ def load_scenario(path: Path) -> Scenario:
         raise FileProblems(validation_problems(label, data, exc)) from None
 
 
-async def run_scenario(scenario: Scenario, engine: Engine, die: Callable[[], Awaitable[None]]) -> None:
-    """Apply the timeline to ``engine`` on the event loop's clock; ``die`` ends the simulator."""
+async def run_scenario(
+    scenario: Scenario, engines: Sequence[Engine], die: Callable[[], Awaitable[None]]
+) -> None:
+    """Apply the timeline to ``engines`` on the event loop's clock; ``die`` ends the simulator."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     for event in scenario.timeline:
         await asyncio.sleep(max(start + event.at - loop.time(), 0.0))
-        if event.acceptance is not None:
-            log.info("scenario at %gs: acceptance %g", event.at, event.acceptance)
-            engine.set_acceptance(event.acceptance)
-        if event.acceptance_by_position is not None:
-            log.info("scenario at %gs: acceptance by position %s", event.at, event.acceptance_by_position)
-            engine.set_acceptance(event.acceptance_by_position)
-        if isinstance(event.kv_usage, KvRamp):
-            log.info(
-                "scenario at %gs: KV usage floor to %g over %gs",
-                event.at,
-                event.kv_usage.to,
-                event.kv_usage.over,
-            )
-            engine.ramp_kv_usage_floor(event.kv_usage.to, event.kv_usage.over)
-        elif event.kv_usage is not None:
-            log.info("scenario at %gs: KV usage floor %g", event.at, event.kv_usage)
-            engine.set_kv_usage_floor(event.kv_usage)
         if event.die:
             await die()
             return
+        targets = list(engines) if event.engine is None else [engines[event.engine]]
+        where = "" if event.engine is None else f" on engine {event.engine}"
+        for engine in targets:
+            _apply(event, engine)
+        log.info("scenario at %gs%s: %s", event.at, where, _describe(event))
+
+
+def _apply(event: TimelineEvent, engine: Engine) -> None:
+    if event.acceptance is not None:
+        engine.set_acceptance(event.acceptance)
+    if event.acceptance_by_position is not None:
+        engine.set_acceptance(event.acceptance_by_position)
+    if isinstance(event.kv_usage, KvRamp):
+        engine.ramp_kv_usage_floor(event.kv_usage.to, event.kv_usage.over)
+    elif event.kv_usage is not None:
+        engine.set_kv_usage_floor(event.kv_usage)
+
+
+def _describe(event: TimelineEvent) -> str:
+    parts = []
+    if event.acceptance is not None:
+        parts.append(f"acceptance {event.acceptance:g}")
+    if event.acceptance_by_position is not None:
+        parts.append(f"acceptance by position {event.acceptance_by_position}")
+    if isinstance(event.kv_usage, KvRamp):
+        parts.append(f"KV usage floor to {event.kv_usage.to:g} over {event.kv_usage.over:g}s")
+    elif event.kv_usage is not None:
+        parts.append(f"KV usage floor {event.kv_usage:g}")
+    return ", ".join(parts)

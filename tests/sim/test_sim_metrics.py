@@ -17,6 +17,7 @@ from tests.sim.simclient import (
     speculative,
     stream,
 )
+from tests.vllm_http import PROMETHEUS_ACCEPT
 
 CAPTURES = ["vllm-0.32.0-cpu-metrics-self-draft.prom", "vllm-0.32.0-cpu-metrics-rejecting-draft.prom"]
 # Labels whose values are an enumeration fixed by vLLM (not sizes, versions or times).
@@ -83,3 +84,41 @@ async def test_idle_metrics_have_vllms_idle_values(session: aiohttp.ClientSessio
     assert awake == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
     assert ours["vllm:kv_cache_usage_perc"].samples[0].value == 0.0
     assert not ours["http_requests"].samples  # /metrics itself is not instrumented, as in vLLM
+
+
+async def test_get_metrics_is_plain_text_with_colons_whatever_the_scraper_asks(
+    session: aiohttp.ClientSession,
+) -> None:
+    """vLLM 0.32 does not negotiate GET /metrics; a simulator that did broke every `vllm:` query of a
+    Prometheus 2.x scraping it (prometheus_client bug #1177 writes `vllm_...` sample names)."""
+    async with running(speculative=speculative(2)) as sim:
+        await chat(session, sim, max_tokens=4)
+        answers = []
+        for accept in (None, PROMETHEUS_ACCEPT, "application/openmetrics-text; version=1.0.0"):
+            headers = {"Accept": accept, "Accept-Encoding": "gzip"} if accept else {}
+            async with session.get(sim.url + "/metrics", headers=headers) as response:
+                answers.append(
+                    (
+                        response.headers["Content-Type"],
+                        response.headers.get("Content-Encoding"),
+                        await response.text(),
+                    )
+                )
+    for content_type, encoding, text in answers:
+        assert content_type == "text/plain; version=1.0.0; charset=utf-8"
+        assert encoding is None
+        assert 'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny-llama"}' in text
+        assert "vllm_spec_decode" not in text
+
+
+async def test_other_methods_and_sub_paths_negotiate_as_vllms_mounted_app_does(
+    session: aiohttp.ClientSession,
+) -> None:
+    async with running(speculative=speculative(2)) as sim:
+        async with session.get(sim.url + "/metrics/", headers={"Accept": PROMETHEUS_ACCEPT}) as response:
+            negotiated = (response.headers["Content-Type"], await response.text())
+        async with session.post(sim.url + "/metrics") as response:
+            posted = response.headers["Content-Type"]
+    assert negotiated[0] == "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"
+    assert "vllm_spec_decode_num_drafts_total" in negotiated[1]  # the bug a real vLLM shows there too
+    assert posted == "text/plain; version=0.0.4; charset=utf-8"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from daemon.yamlfile import FileProblems
-from sim.cli import add_arguments, parse_options
+from sim.cli import add_arguments, parse_args, parse_options
 from sim.options import (
     OptionsError,
     SimOptions,
@@ -124,3 +124,96 @@ def test_a_command_line_parses_straight_to_options() -> None:
     )
     assert options.speculative == SpeculativeConfig("ngram", "ngram", 3)  # method detected from the model
     assert (options.port, options.seed) == (0, 4)
+
+
+def parse_like_vllm(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parse_args(parser, list(argv))
+
+
+def test_the_dotted_form_builds_the_speculative_config_key_by_key() -> None:
+    args = parse_like_vllm(
+        "--speculative-config.method", "ngram",
+        "--speculative-config.num_speculative_tokens", "3",
+        "--speculative-config.prompt_lookup_max=4",
+    )  # fmt: skip
+    assert load_speculative_config(args) == SpeculativeConfig("ngram", None, 3, {"prompt_lookup_max": 4})
+    short = parse_like_vllm("-sc.method", "ngram", "-sc.num-speculative-tokens", "1k")
+    assert load_speculative_config(short) == SpeculativeConfig("ngram", None, 1000)  # 1k, as vLLM reads it
+
+
+def test_the_dotted_form_replaces_a_json_config_rather_than_merging_with_it() -> None:
+    # vLLM appends the assembled dotted object after every other argument; argparse keeps the last.
+    args = parse_like_vllm(
+        "--speculative-config.num_speculative_tokens", "2",
+        "-sc", '{"method": "eagle3", "model": "draft", "num_speculative_tokens": 5}',
+        "--speculative-config.method", "ngram",
+    )  # fmt: skip
+    assert load_speculative_config(args) == SpeculativeConfig("ngram", None, 2)
+    without_method = parse_like_vllm(
+        "-sc",
+        '{"method": "ngram", "num_speculative_tokens": 5}',
+        "--speculative-config.num_speculative_tokens",
+        "2",
+    )
+    with pytest.raises(OptionsError, match="give `method` or `model`"):
+        load_speculative_config(without_method)  # the JSON's method is gone, as in vLLM
+
+
+def test_a_dotted_key_given_twice_keeps_the_last_and_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    args = parse_like_vllm(
+        "--speculative-config.method", "ngram",
+        "--speculative-config.num_speculative_tokens", "2",
+        "--speculative-config.num_speculative_tokens", "4",
+    )  # fmt: skip
+    assert load_speculative_config(args) == SpeculativeConfig("ngram", None, 4)
+    assert "Found duplicate keys --speculative-config.num_speculative_tokens" in caplog.text
+
+
+def test_underscores_in_option_names_mean_dashes_and_a_dotted_option_needs_a_value() -> None:
+    assert parse_like_vllm("--max_num_seqs", "8", "--data_parallel_size=2").max_num_seqs == 8
+    with pytest.raises(SystemExit):
+        parse_like_vllm("--speculative-config.method")
+
+
+def test_spec_shorthands_add_their_key_and_refuse_one_already_set(tmp_path: Path) -> None:
+    assert load_speculative_config(parse_like_vllm("--spec-method", "ngram", "--spec-tokens", "3")) == (
+        SpeculativeConfig("ngram", None, 3)
+    )
+    assert load_speculative_config(
+        parse_like_vllm("-sc", '{"model": "draft", "method": "draft_model"}', "--spec-tokens", "2")
+    ) == SpeculativeConfig("draft_model", "draft", 2)
+    with pytest.raises(
+        OptionsError,
+        match=r"--spec-tokens and --speculative-config\['num_speculative_tokens'\] are mutually exclusive",
+    ):
+        load_speculative_config(
+            parse_like_vllm("-sc", '{"method": "ngram", "num_speculative_tokens": 3}', "--spec-tokens", "2")
+        )
+    path = config(tmp_path, "speculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n")
+    with pytest.raises(OptionsError, match="--spec-method and"):
+        load_speculative_config(parse_like_vllm("--config", path, "--spec-method", "eagle3"))
+
+
+def test_data_parallel_prefix_caching_and_logprob_options_from_the_command_line_and_the_file(
+    tmp_path: Path,
+) -> None:
+    options = parse_options(
+        ["-dp", "2", "--block-size", "32", "--no-enable-prefix-caching", "--max-logprobs", "5"]
+    )
+    assert (options.data_parallel_size, options.block_size, options.enable_prefix_caching, options.max_logprobs) == (
+        2, 32, False, 5,
+    )  # fmt: skip
+    path = config(tmp_path, "data-parallel-size: 3\nenable-prefix-caching: false\nblock-size: 64\n")
+    from_file = options_from_args(parse_like_vllm("--config", path))
+    assert (from_file.data_parallel_size, from_file.enable_prefix_caching, from_file.block_size) == (
+        3,
+        False,
+        64,
+    )
+    bad = config(tmp_path, "enable-prefix-caching: maybe\n", "bad.yaml")
+    with pytest.raises(OptionsError, match=rf"^{bad}:1: enable-prefix-caching: expected true or false"):
+        options_from_args(parse_like_vllm("--config", bad))
+    with pytest.raises(OptionsError, match="data-parallel-size must be >= 1"):
+        SimOptions(data_parallel_size=0)

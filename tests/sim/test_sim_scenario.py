@@ -131,3 +131,11 @@ def test_the_shipped_example_scenarios_load() -> None:
     assert examples
     for path in examples:
         assert load_scenario(path).timeline
+
+
+def test_an_engine_is_a_non_negative_index_and_die_takes_none(tmp_path: Path) -> None:
+    with pytest.raises(FileProblems) as caught:
+        load_scenario(_scenario(tmp_path, "timeline:\n  - at: 1s\n    engine: -1\n    acceptance: 0.5\n"))
+    assert any(":3: timeline[0].engine:" in str(problem) for problem in caught.value.problems)
+    with pytest.raises(FileProblems, match="`die` stops the whole server: it takes no `engine`"):
+        load_scenario(_scenario(tmp_path, "timeline:\n  - at: 1s\n    engine: 0\n    die: true\n"))

@@ -116,6 +116,7 @@ async def test_non_streamed_responses_carry_exact_usage_and_the_whole_text(
         "total_tokens": 44,
         "completion_tokens": 33,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     assert done["choices"][0]["text"] == "".join(step.text for step in done_record.steps)
     # chat: 2 tokens of content + 4 for the message's template markers + 3 for the reply header
