@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from tests.real import require_binary  # importable through pytest's pythonpath = ["."]
+from tests.prometheus_server import PrometheusServer, running_prometheus  # through pythonpath = ["."]
 from tests.replay import ReplayedVllm
-
-READY_TIMEOUT = 20.0
-
-PROMETHEUS_CONFIG = """\
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: vllm
-    static_configs:
-      - targets: ["{target}"]
-"""
 
 
 @dataclass
@@ -37,12 +21,6 @@ class MetricsServer:
     target: str  # host:port, as Prometheus's config wants it
     body: Callable[[], str] = field(default=lambda: "")
     scrapes: int = 0
-
-
-@dataclass
-class PrometheusServer:
-    url: str
-    log: Path
 
 
 @pytest.fixture
@@ -65,53 +43,8 @@ async def prometheus(
     metrics_server: MetricsServer, tmp_path: Path, unused_tcp_port: int
 ) -> AsyncIterator[PrometheusServer]:
     """A real Prometheus scraping ``metrics_server`` every second, stopped at teardown."""
-    binary = require_binary("prometheus", "prometheus")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(PROMETHEUS_CONFIG.format(target=metrics_server.target))
-    server = PrometheusServer(f"http://127.0.0.1:{unused_tcp_port}", tmp_path / "prometheus.log")
-    with server.log.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{unused_tcp_port}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        await _wait_ready(server, process)
+    async with running_prometheus(metrics_server.target, tmp_path, unused_tcp_port) as server:
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-async def _wait_ready(server: PrometheusServer, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"prometheus exited with {process.returncode}:\n{_tail(server.log)}")
-            try:
-                async with session.get(f"{server.url}/-/ready") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass  # not listening yet
-            await asyncio.sleep(0.1)
-    pytest.fail(f"prometheus not ready after {READY_TIMEOUT}s:\n{_tail(server.log)}")
-
-
-def _tail(log: Path) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
 
 
 @pytest.fixture

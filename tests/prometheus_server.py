@@ -1,0 +1,88 @@
+"""A real Prometheus (the Debian package) for the integration tier: started on loopback, scraping one
+target every second, stopped when the test ends. Missing binary: skip, or fail under
+SPECGUARD_REQUIRE_REAL=1 (tests/real.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.real import require_binary
+
+READY_TIMEOUT = 20.0
+
+PROMETHEUS_CONFIG = """\
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: vllm
+    static_configs:
+      - targets: ["{target}"]
+"""
+
+
+@dataclass
+class PrometheusServer:
+    url: str
+    log: Path
+
+
+@asynccontextmanager
+async def running_prometheus(target: str, directory: Path, port: int) -> AsyncIterator[PrometheusServer]:
+    """A real Prometheus on 127.0.0.1:``port`` scraping ``target`` (host:port) every second."""
+    binary = require_binary("prometheus", "prometheus")
+    config = directory / "prometheus.yml"
+    config.write_text(PROMETHEUS_CONFIG.format(target=target))
+    server = PrometheusServer(f"http://127.0.0.1:{port}", directory / "prometheus.log")
+    with server.log.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        await _wait_ready(server, process)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def _wait_ready(server: PrometheusServer, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"prometheus exited with {process.returncode}:\n{_tail(server.log)}")
+            try:
+                async with session.get(f"{server.url}/-/ready") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass  # not listening yet
+            await asyncio.sleep(0.1)
+    pytest.fail(f"prometheus not ready after {READY_TIMEOUT}s:\n{_tail(server.log)}")
+
+
+def _tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
