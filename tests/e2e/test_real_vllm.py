@@ -40,6 +40,7 @@ from tests.e2e.realclient import (
     traffic_loop,
 )
 from tests.processes import Daemon, specguard
+from tests.vllm_http import PROBES, differences, observe_all
 
 pytestmark = pytest.mark.real
 
@@ -319,3 +320,23 @@ async def test_the_simulator_exports_every_family_of_the_real_server_with_its_ty
     assert positions == {
         s.labels["position"] for s in real["vllm:spec_decode_num_accepted_tokens_per_pos"].samples
     }
+
+
+async def test_the_simulator_answers_every_probe_as_the_real_server_does(
+    vllm_server: VllmServer, report: Callable[[str], None]
+) -> None:
+    """tests/vllm_http.py's requests against both: status, client-visible headers, body shapes, and
+    the exact text of every error. The fast tier compares with a capture of this server's answers;
+    this keeps that capture honest."""
+    k = vllm_server.num_speculative_tokens
+    speculative = SpeculativeConfig(method="draft_model", model="x", num_speculative_tokens=k)
+    sim = await start_simulator(SimOptions(port=0, speculative=speculative, model=vllm_server.model))
+    try:
+        real = await observe_all(vllm_server.url)
+        ours = await observe_all(sim.url)
+    finally:
+        await sim.stop()
+    assert differences(real, ours) == {}
+    report(
+        f"{len(PROBES)} HTTP probes: the simulator answered each as vLLM {real['version']['body']['version']} did"
+    )
