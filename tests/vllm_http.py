@@ -8,7 +8,7 @@ on every run (errors, /version, /load) are compared exactly.
 
 Generated text, ids and timestamps differ from run to run and are compared by shape only. In a
 stream, speculative decoding puts a varying number of tokens in each chunk, so a stream is compared
-as its first event, the distinct shapes of the events between, its last two events and ``[DONE]``.
+as its first event, the set of distinct event shapes, its last two events and ``[DONE]``.
 
 Regenerate the capture against a real vLLM serving the e2e tier's tiny model (served as
 ``tiny-llama``, ``--max-model-len 1024``, ``num_speculative_tokens`` 4)::
@@ -250,9 +250,10 @@ def view(probe: Probe, observed: dict[str, Any]) -> dict[str, Any]:
     if probe.exact:
         shown: Any = body
     elif isinstance(body, list) and body and body[-1] == "[DONE]":
-        # The order chunks of several choices interleave in is the run's own.
-        middle = sorted({json.dumps(shape(event)) for event in body[1:-2]})
-        shown = {"first": shape(body[0]), "between": middle, "last": [shape(e) for e in body[-2:]]}
+        # How many chunks there are, and the order the chunks of several choices interleave in,
+        # are the run's own: compare the set of chunk shapes, and the first and last events.
+        shapes = sorted({json.dumps(shape(event)) for event in body[:-1]})
+        shown = {"first": shape(body[0]), "chunks": shapes, "last": [shape(e) for e in body[-2:]]}
         shown["choice indexes"] = sorted(
             {c["index"] for e in body if isinstance(e, dict) for c in e.get("choices", [])}
         )
