@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.durations import Duration
+from rules.durations import Duration
 
 
 class ActionParams(BaseModel):

@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.exposition import parse_exposition
 from daemon.loading import load
-from daemon.signals import CATALOG, DEFAULT_GROUP_BY, get_signal
 from daemon.sources.scrape import ScrapeSource
+from rules.signals import CATALOG, DEFAULT_GROUP_BY, get_signal
 
 CAPTURE = Path(__file__).parents[1] / "tests" / "fixtures" / "vllm-0.32.0-cpu-metrics-self-draft.prom"
 TARGET = "http://127.0.0.1:8000/metrics"

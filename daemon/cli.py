@@ -255,9 +255,12 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str]) -> list[dict[s
         for item in loaded.enabled_rules():
             if only and item.name not in only:
                 continue
-            outcome, _ = await evaluate_rule(item, source, loaded.baseline, {}, now)
+            interval = item.rule.interval or loaded.config.interval
+            outcome, result = await evaluate_rule(item, source, loaded.baseline, {}, now, interval)
             base = {"rule": item.name, "signal": item.rule.signal or item.rule.expr}
             if not outcome.states:
+                verdict = "error" if outcome.error else "warming_up" if result.warming else "no_data"
+                warming = ", ".join(sorted(result.warming))
                 rows.append(
                     {
                         **base,
@@ -265,8 +268,8 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str]) -> list[dict[s
                         "value": None,
                         "threshold": None,
                         "state": "inactive",
-                        "verdict": "error" if outcome.error else "no_data",
-                        "error": outcome.error,
+                        "verdict": verdict,
+                        "error": outcome.error or (f"warming up: {warming}" if warming else None),
                     }
                 )
             for key, series in outcome.states.items():
@@ -330,8 +333,8 @@ def cmd_simulate(argv: Sequence[str]) -> int:
 
 
 def cmd_signals(args: argparse.Namespace) -> int:
-    from daemon.durations import parse_duration
-    from daemon.signals import CATALOG, DEFAULT_GROUP_BY
+    from rules.durations import parse_duration
+    from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind
 
     try:
         window = parse_duration(args.window)
@@ -340,7 +343,13 @@ def cmd_signals(args: argparse.Namespace) -> int:
         return 2
     items: list[dict[str, Any]] = []
     for signal in CATALOG.values():
-        metrics = [signal.metric, *([signal.denominator] if signal.denominator else [])]
+        parts = [CATALOG[name] for name in signal.inputs] or [signal]
+        metrics = [m for part in parts for m in (part.metric, part.denominator) if m is not None]
+        if signal.kind is Kind.SPEEDUP:
+            length, positions = (p.promql(window, DEFAULT_GROUP_BY) for p in parts)
+            promql = f"({length}) / (1 + ({positions}) * c), c from the baseline per model"
+        else:
+            promql = signal.promql(window, DEFAULT_GROUP_BY)
         items.append(
             {
                 "signal": signal.name,
@@ -348,10 +357,10 @@ def cmd_signals(args: argparse.Namespace) -> int:
                 "description": signal.description,
                 "metrics": [
                     {"name": name, "vllm": since}
-                    for m in metrics
+                    for m in dict.fromkeys(metrics)
                     for name, since in zip(m.names, m.since, strict=True)
                 ],
-                "promql": signal.promql(window, DEFAULT_GROUP_BY),
+                "promql": promql,
             }
         )
     if args.format == "json":

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import os
-from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from daemon.durations import Duration, Interval
-from daemon.signals import CATALOG
+from daemon.sources.scrape import duplicate_instances, instance_label
+from rules.durations import Duration, Interval
 
 DEFAULT_SCRAPE_TARGET = "http://127.0.0.1:8000/metrics"
 DEFAULT_RULES = ("builtin:speculative",)
@@ -31,16 +29,46 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ScrapeTarget(_Strict):
+    """A target with a name: its series report ``instance=<name>`` instead of its host:port."""
+
+    url: str
+    name: str = Field(min_length=1)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _http_url(value)
+
+
 class ScrapeSourceConfig(_Strict):
     """Read vLLM's /metrics directly (one host, no Prometheus needed)."""
 
-    targets: tuple[str, ...] = Field((DEFAULT_SCRAPE_TARGET,), min_length=1)
+    targets: tuple[str | ScrapeTarget, ...] = Field((DEFAULT_SCRAPE_TARGET,), min_length=1)
     timeout: Duration = 5.0
 
     @field_validator("targets")
     @classmethod
-    def _targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_http_url(target) for target in value)
+    def _targets(cls, value: tuple[str | ScrapeTarget, ...]) -> tuple[str | ScrapeTarget, ...]:
+        out = tuple(target if isinstance(target, ScrapeTarget) else _http_url(target) for target in value)
+        urls = [target.url if isinstance(target, ScrapeTarget) else target for target in out]
+        if len(set(urls)) != len(urls):
+            raise ValueError("a target is listed twice")
+        clash = duplicate_instances(
+            {t.url: t.name for t in out if isinstance(t, ScrapeTarget)}
+            | {t: instance_label(t) for t in out if isinstance(t, str)}
+        )
+        if clash:
+            raise ValueError(clash)
+        return out
+
+    @property
+    def urls(self) -> list[str]:
+        return [target.url if isinstance(target, ScrapeTarget) else target for target in self.targets]
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {target.url: target.name for target in self.targets if isinstance(target, ScrapeTarget)}
 
 
 class PrometheusSourceConfig(_Strict):
@@ -97,39 +125,3 @@ class Config(_Strict):
         if from_systemd:
             return Path(from_systemd.split(":")[0])
         return Path(platformdirs.user_state_dir("specguard"))
-
-
-def _known_signal(name: str) -> str:
-    if name not in CATALOG:
-        raise ValueError(f"unknown signal {name!r}; known: {', '.join(sorted(CATALOG))}")
-    return name
-
-
-def _baseline_value(number: float) -> float:
-    if not math.isfinite(number) or number < 0:
-        raise ValueError("a baseline value must be a finite number >= 0")
-    return number
-
-
-BaselineSignal = Annotated[str, AfterValidator(_known_signal)]
-BaselineValue = Annotated[float, AfterValidator(_baseline_value)]
-
-
-class Baseline(BaseModel):
-    """Measured reference values (``signal -> seconds or ratio``), written by the benchmark.
-
-    ```json
-    {"version": 1, "measured_at": "2026-11-30T10:00:00Z", "method": "specguard bench, 200 requests",
-     "signals": {"e2e_latency_p95": 1.84, "ttft_p95": 0.21}}
-    ```
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    version: Literal[1] = 1
-    measured_at: datetime
-    method: str = ""
-    vllm_version: str | None = None
-    model: str | None = None
-    notes: str = ""
-    signals: dict[BaselineSignal, BaselineValue] = Field(min_length=1)

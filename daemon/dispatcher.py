@@ -91,6 +91,14 @@ class Dispatcher:
             await self._run_one(run)
 
     async def _run_one(self, run: ActionRun) -> None:
+        if self.dry_run:
+            # Written before the daemon was told to run dry (a restart with --dry-run): recorded,
+            # never carried out.
+            reason = "dry run: a run left from before, not carried out"
+            await self.store.skip_run(run.id, reason)
+            self.metrics.action_runs.labels(run.action, "skipped").inc()
+            log.info("%s %s: not running %s (%s)", run.rule, run.kind, run.action, reason)
+            return
         action = self.actions.get(run.action)
         if action is None:
             await self.store.finish_run(run.id, "failed", f"action {run.action!r} is no longer configured")

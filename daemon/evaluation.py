@@ -1,18 +1,25 @@
-"""One rule, evaluated once: query the source, resolve the threshold, run the engine."""
+"""One rule, evaluated once: query the source, resolve each series' threshold, run the engine.
+
+Shared by the daemon's rounds and ``specguard eval``. Derived signals are computed here, from the
+signals they are made of: ``estimated_speedup`` is the mean acceptance length divided by
+``1 + k c``, with k read from vLLM's per-position series and c from the baseline of the series' model.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from daemon.config import Baseline
-from daemon.engine import Outcome, RuleSpec, SeriesState, evaluate
+from daemon.baseline import Baseline
+from daemon.engine import Outcome, RuleSpec, SeriesState, Threshold, ThresholdFor, evaluate, series_key
 from daemon.loading import LoadedRule
-from daemon.signals import get_signal
-from daemon.sources.base import Source, SourceResult
+from daemon.sources.base import Invalid, Source, SourceResult
 from rules.conditions import MissingBaseline
+from rules.signals import CATALOG, Kind, Signal, get_signal
+
+FORGET_AFTER_WINDOWS = 5  # a series absent for 5 windows is forgotten, unless the rule says otherwise
 
 
-def spec_of(item: LoadedRule) -> RuleSpec:
+def spec_of(item: LoadedRule, interval: float) -> RuleSpec:
     rule = item.rule
     return RuleSpec(
         name=rule.name,
@@ -21,23 +28,99 @@ def spec_of(item: LoadedRule) -> RuleSpec:
         keep_firing_for=rule.keep_firing_for,
         consecutive=rule.consecutive,
         no_data=rule.no_data,
+        # Data normally comes every interval; a longer silence than a window on top of that is a gap.
+        max_gap=rule.window + (rule.interval or interval),
+        forget_after=rule.forget_after
+        if rule.forget_after is not None
+        else FORGET_AFTER_WINDOWS * rule.window,
     )
 
 
-def threshold_of(item: LoadedRule, baseline: Baseline | None) -> float | str:
-    """The threshold, or an error message when the baseline it needs is missing."""
-    try:
-        return item.rule.condition.threshold(baseline.signals if baseline else None)
-    except MissingBaseline as exc:
-        return str(exc)
+def thresholds(item: LoadedRule, baseline: Baseline | None) -> Threshold | ThresholdFor:
+    """The number to compare with; or, for a baseline-relative condition, one per series (the
+    baseline entry of the series' model); or why it cannot be known at all."""
+    condition = item.rule.condition
+    if (
+        item.rule.signal is not None
+        and get_signal(item.rule.signal).kind is Kind.SPEEDUP
+        and baseline is None
+    ):
+        return _NO_BASELINE
+    if condition.baseline_signal is None:
+        return condition.threshold(None)
+    if baseline is None:
+        try:
+            return condition.threshold(None)
+        except MissingBaseline as exc:
+            return str(exc)
+    assert condition.baseline_signal is not None
+    name = condition.baseline_signal
+
+    def per_series(labels: Mapping[str, str]) -> Threshold:
+        value = baseline.value(labels, name)
+        return value if isinstance(value, str) else condition.factor * value
+
+    return per_series
 
 
-async def query(item: LoadedRule, source: Source) -> SourceResult:
+async def read_signal(
+    item: LoadedRule, signal: Signal, source: Source, baseline: Baseline | None
+) -> SourceResult:
+    """The rule's signal over its window, grouped and selected as the rule says."""
+    rule = item.rule
+    if signal.kind is not Kind.SPEEDUP:
+        return await source.query_signal(
+            signal, rule.window, item.group_by, item.matchers, item.keep_intrinsic
+        )
+    length, positions = [
+        await source.query_signal(
+            CATALOG[name], rule.window, item.group_by, item.matchers, item.keep_intrinsic
+        )
+        for name in signal.inputs
+    ]
+    return speedup(signal, length, positions, baseline)
+
+
+def speedup(
+    signal: Signal, length: SourceResult, positions: SourceResult, baseline: Baseline | None
+) -> SourceResult:
+    """mean acceptance length / (1 + k c), series by series (Leviathan et al., Theorem 3.8)."""
+    failed = length.error or positions.error
+    if failed is not None:
+        return SourceResult.failed(failed)
+    k_of = {series_key(series.labels): series.value for series in positions.series}
+    good: list[tuple[Mapping[str, str], float]] = []
+    bad: list[Invalid] = [*length.invalid, *positions.invalid]
+    for series in length.series:
+        k = k_of.get(series_key(series.labels))
+        if k is None:
+            continue  # no per-position series: no data
+        cost = baseline.draft_cost(series.labels) if baseline is not None else _NO_BASELINE
+        if isinstance(cost, str):
+            bad.append(Invalid(series.labels, cost))
+            continue
+        good.append((series.labels, series.value / (1 + k * cost)))
+    checked = SourceResult.checked(signal, good, length.warming | positions.warming)
+    return SourceResult(
+        series=checked.series,
+        invalid=(*checked.invalid, *bad),
+        warming=checked.warming,
+        detail=dict(length.detail),
+    )
+
+
+_NO_BASELINE = (
+    "estimated_speedup needs the draft's cost per step: configure a baseline file whose entry for the "
+    "model gives speculative.method or speculative.draft_cost"
+)
+
+
+async def query(item: LoadedRule, source: Source, baseline: Baseline | None = None) -> SourceResult:
     rule = item.rule
     if rule.expr is not None:
         return await source.query_expr(rule.expr)
     assert rule.signal is not None
-    return await source.query_signal(get_signal(rule.signal), rule.window, item.group_by)
+    return await read_signal(item, get_signal(rule.signal), source, baseline)
 
 
 async def evaluate_rule(
@@ -46,8 +129,9 @@ async def evaluate_rule(
     baseline: Baseline | None,
     previous: Mapping[str, SeriesState],
     now: float,
+    interval: float,
 ) -> tuple[Outcome, SourceResult]:
     """The engine's outcome, and the source's answer it was computed from."""
-    threshold = threshold_of(item, baseline)
-    result = await query(item, source) if not isinstance(threshold, str) else SourceResult()
-    return evaluate(spec_of(item), result, threshold, previous, now), result
+    threshold = thresholds(item, baseline)
+    result = await query(item, source, baseline) if not isinstance(threshold, str) else SourceResult()
+    return evaluate(spec_of(item, interval), result, threshold, previous, now), result

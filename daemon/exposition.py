@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.signals import metric_names
+from rules.signals import metric_names
 
 # A label set, sorted by label name: hashable, so it can key a series.
 Labels = tuple[tuple[str, str], ...]

@@ -18,10 +18,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from actions import ACTION_TYPES, BUILTIN_INSTANCES, Action
-from daemon.config import Baseline, Config
-from daemon.signals import CATALOG, DEFAULT_GROUP_BY
+from daemon.baseline import Baseline, parse_baseline
+from daemon.config import Config
 from daemon.yamlfile import FileProblems, LineDict, Problem, line_of, load_yaml, validation_problems
+from rules.matchers import Matcher
 from rules.schema import Rule, RuleFile
+from rules.signals import CATALOG, DEFAULT_GROUP_BY
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -43,6 +45,15 @@ class LoadedRule:
         if self.rule.group_by is not None:
             return self.rule.group_by
         return DEFAULT_GROUP_BY if self.rule.signal else ()
+
+    @property
+    def keep_intrinsic(self) -> bool:
+        """A signal's own labels (``position``) stay unless the rule's ``group_by`` leaves them out."""
+        return self.rule.group_by is None
+
+    @property
+    def matchers(self) -> tuple[Matcher, ...]:
+        return self.rule.matchers
 
 
 @dataclass
@@ -243,6 +254,10 @@ def _cross_check(loaded: Loaded) -> None:
                 loaded.problems.append(
                     _rule_problem(item, "group_by", "group_by applies to signals; write `sum by` in expr")
                 )
+            if rule.match:
+                loaded.problems.append(
+                    _rule_problem(item, "match", "match applies to signals; write the selector in expr")
+                )
         for action in rule.actions:
             if action not in loaded.actions:
                 known = ", ".join(sorted(loaded.actions)) or "none"
@@ -265,10 +280,20 @@ def _cross_check(loaded: Loaded) -> None:
                         warning=True,
                     )
                 )
-            elif baseline_signal not in loaded.baseline.signals:
+            elif baseline_signal not in loaded.baseline.signals_named():
                 loaded.problems.append(
                     _rule_problem(item, "condition", f"the baseline has no value for {baseline_signal!r}")
                 )
+        if rule.signal == "estimated_speedup" and loaded.baseline is None:
+            loaded.problems.append(
+                _rule_problem(
+                    item,
+                    "signal",
+                    "estimated_speedup needs the draft's cost from a baseline file (speculative.method or "
+                    "draft_cost): the rule reports an error until one is configured",
+                    warning=True,
+                )
+            )
 
 
 def _load_actions(config: Config, data: Any, label: str, problems: list[Problem]) -> dict[str, Action]:
@@ -310,7 +335,7 @@ def _load_baseline(config: Config, data: Any, label: str, problems: list[Problem
         problems.extend(exc.problems)
         return None
     try:
-        return Baseline.model_validate(raw)
+        return parse_baseline(raw)
     except ValidationError as exc:
         problems.extend(validation_problems(str(path), raw, exc))
         return None

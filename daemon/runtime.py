@@ -16,16 +16,19 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExe
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from daemon import systemd
+from daemon import __version__, systemd
 from daemon.config import Config
 from daemon.dispatcher import Dispatcher
-from daemon.durations import format_duration
 from daemon.engine import SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
 from daemon.selfmetrics import DaemonMetrics
+from daemon.server import start_server
 from daemon.sources.base import Source
+from daemon.status import health as health_of
+from daemon.status import rule_rows
 from daemon.store import EventRecord, Store
+from rules.durations import format_duration
 
 log = logging.getLogger("specguard")
 
@@ -47,7 +50,7 @@ def make_source(config: Config, retention: float) -> Source:
     from daemon.sources.scrape import ScrapeSource
 
     scrape = config.scrape
-    return ScrapeSource(list(scrape.targets), timeout=scrape.timeout, retention=retention)
+    return ScrapeSource(scrape.urls, timeout=scrape.timeout, retention=retention, names=scrape.names)
 
 
 def retention_for(loaded: Loaded) -> float:
@@ -83,6 +86,7 @@ class Daemon:
         self.scheduler: AsyncIOScheduler | None = None
         self.started_at = time.time()
         self.last_round: float | None = None
+        self.last_round_of: dict[float, float | None] = {}  # interval -> when its last round finished
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._rounds: set[asyncio.Task[Any]] = set()  # evaluation rounds in progress
@@ -99,8 +103,6 @@ class Daemon:
 
         ``handle_signals=False`` leaves SIGTERM/SIGINT/SIGHUP to an embedding program.
         """
-        from daemon.server import start_server
-
         await self.store.open()
         configured = {r.name for r in self.loaded.rules}
         dropped = await self.store.forget_rules(configured)
@@ -115,7 +117,8 @@ class Daemon:
             firing,
         )
         await self.dispatcher.run()  # runs left unfinished by the previous process
-        self._site_runner, self.port = await start_server(self)
+        config = self.loaded.config
+        self._site_runner, self.port = await start_server(self, config.listen, config.port)
         self._start_scheduler()
         if handle_signals:
             self._install_signal_handlers()
@@ -208,6 +211,7 @@ class Daemon:
                 self._refresh, IntervalTrigger(seconds=every), id="scrape", next_run_time=now
             )
         intervals = sorted({self._interval_of(r) for r in self.loaded.enabled_rules()})
+        self.last_round_of = {interval: self.last_round_of.get(interval) for interval in intervals}
         for interval in intervals:
             self.scheduler.add_job(
                 self.evaluate_round,
@@ -255,13 +259,24 @@ class Daemon:
         label = format_duration(interval) if interval else "all"
         self.metrics.evaluation_duration.labels(label).observe(time.monotonic() - started)
         self.last_round = time.time()
+        for each in [interval] if interval is not None else list(self.last_round_of):
+            self.last_round_of[each] = self.last_round
         self.metrics.last_evaluation.set(self.last_round)
 
     async def _evaluate_one(self, item: LoadedRule, now: float) -> None:
         name = item.name
         outcome, result = await evaluate_rule(
-            item, self.source, self.loaded.baseline, self.states.get(name, {}), now
+            item, self.source, self.loaded.baseline, self.states.get(name, {}), now, self._interval_of(item)
         )
+        for key in outcome.forgotten:
+            old = self.states.get(name, {}).get(key)
+            log.info(
+                "%s: forgot series %s: no data for %s",
+                name,
+                key,
+                format_duration(now - (old.last_seen or old.last_eval or now)) if old else "long",
+                extra={"rule": name, "labels": dict(old.labels) if old else {}},
+            )
         if result.error is not None:
             self.metrics.source_errors.labels(self.source.kind).inc()
         records = [self.dispatcher.record(item, event) for event in outcome.events]
@@ -329,6 +344,9 @@ class Daemon:
                     self.metrics.config_reloads.labels("failed").inc()
                     log.error("reload failed: keeping the running configuration: %s", exc)
                     return False
+                adopt = getattr(source, "adopt", None)
+                if adopt is not None and type(source) is type(self.source):
+                    adopt(self.source)  # targets kept across the reload keep their samples
                 await self.source.close()
                 self.source = source
             self.loaded = new
@@ -349,43 +367,27 @@ class Daemon:
 
     # --- status ----------------------------------------------------------------------------------
 
-    def status(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        for item in self.loaded.enabled_rules():
-            rule = item.rule
-            common = {
-                "rule": rule.name,
-                "signal": rule.signal,
-                "expr": rule.expr,
-                "condition": str(rule.condition),
-                "severity": rule.severity.value,
-                "shadow": rule.shadow,
-                "error": self.rule_errors.get(rule.name),
-            }
-            states = self.states.get(rule.name, {})
-            if not states:
-                rows.append(
-                    {
-                        **common,
-                        "labels": {},
-                        "state": State.INACTIVE.value,
-                        "value": None,
-                        "threshold": None,
-                        "verdict": None,
-                        "since": None,
-                    }
-                )
-            for series in states.values():
-                rows.append(
-                    {
-                        **common,
-                        "labels": dict(series.labels),
-                        "state": series.state.value,
-                        "value": series.value,
-                        "threshold": series.threshold,
-                        "verdict": series.verdict.value if series.verdict else None,
-                        "since": series.since,
-                        "error": series.error or common["error"],
-                    }
-                )
-        return rows
+    @property
+    def registry(self) -> Any:
+        return self.metrics.registry
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        return health_of(self.last_round_of, self.started_at, time.time(), len(self.loaded.enabled_rules()))
+
+    def warming_up(self) -> list[str]:
+        warming: Any = getattr(self.source, "warming_up", None)
+        return sorted(warming()) if warming is not None else []
+
+    def status(self) -> dict[str, Any]:
+        errors: Mapping[str, str] = getattr(self.source, "last_errors", {})
+        return {
+            "version": __version__,
+            "source": self.loaded.config.sources.kind,
+            "sources": {"warming_up": self.warming_up(), "errors": dict(errors)},
+            "dry_run": self.loaded.config.dry_run,
+            "last_evaluation": self.last_round,
+            "rules": self.rule_rows(),
+        }
+
+    def rule_rows(self) -> list[dict[str, Any]]:
+        return rule_rows(self.loaded.enabled_rules(), self.states, self.rule_errors)

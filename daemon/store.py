@@ -24,13 +24,16 @@ from daemon.engine import Event, SeriesState, State, Verdict
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Columns each schema version added to series_state, so an older database is brought up to date.
+_SERIES_COLUMNS_SINCE = {2: ("ok_since REAL", "last_data REAL", "last_seen REAL")}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS series_state (
     rule TEXT NOT NULL, series TEXT NOT NULL, labels TEXT NOT NULL, state TEXT NOT NULL,
     since REAL, breach_since REAL, last_breach REAL, consecutive INTEGER NOT NULL,
     verdict TEXT, value REAL, threshold REAL, error TEXT, last_eval REAL,
+    ok_since REAL, last_data REAL, last_seen REAL,
     PRIMARY KEY (rule, series)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -135,6 +138,16 @@ class Store:
             )
         )
 
+    async def skip_run(self, run_id: int, reason: str) -> None:
+        """Record that a pending run will not be carried out, and why."""
+        await self._call(
+            lambda db: _update(
+                db,
+                "UPDATE action_runs SET status='skipped', reason=?, finished=? WHERE id=?",
+                (reason, time.time(), run_id),
+            )
+        )
+
     async def finish_run(self, run_id: int, status: str, detail: str) -> None:
         await self._call(
             lambda db: _update(
@@ -173,7 +186,19 @@ def _open(path: Path) -> sqlite3.Connection:
             raise RuntimeError(
                 f"{path} was written by a newer specguard (schema {row['value']}); refusing to downgrade it"
             )
+        elif int(row["value"]) < SCHEMA_VERSION:
+            _upgrade(db, int(row["value"]))
     return db
+
+
+def _upgrade(db: sqlite3.Connection, version: int) -> None:
+    """Bring a database written by an older specguard up to SCHEMA_VERSION (inside the transaction)."""
+    present = {row["name"] for row in db.execute("PRAGMA table_info(series_state)")}
+    for since in range(version + 1, SCHEMA_VERSION + 1):
+        for column in _SERIES_COLUMNS_SINCE.get(since, ()):
+            if column.split()[0] not in present:
+                db.execute(f"ALTER TABLE series_state ADD COLUMN {column}")
+    db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
 class _transaction:
@@ -210,6 +235,9 @@ def _load_states(db: sqlite3.Connection) -> dict[str, dict[str, SeriesState]]:
             threshold=row["threshold"],
             error=row["error"],
             last_eval=row["last_eval"],
+            ok_since=row["ok_since"],
+            last_data=row["last_data"],
+            last_seen=row["last_seen"],
         )
     return out
 
@@ -224,7 +252,9 @@ def _commit(
     with _transaction(db):
         db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
         db.executemany(
-            "INSERT INTO series_state VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO series_state (rule, series, labels, state, since, breach_since, last_breach, "
+            "consecutive, verdict, value, threshold, error, last_eval, ok_since, last_data, last_seen) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (
                     rule,
@@ -240,6 +270,9 @@ def _commit(
                     s.threshold,
                     s.error,
                     s.last_eval,
+                    s.ok_since,
+                    s.last_data,
+                    s.last_seen,
                 )
                 for key, s in states.items()
             ],

@@ -16,9 +16,10 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.durations import Duration, Interval
-from daemon.signals import CATALOG
 from rules.conditions import Condition, parse_condition
+from rules.durations import Duration, Interval
+from rules.matchers import Matcher, parse_matchers
+from rules.signals import CATALOG
 from rules.templates import check_template
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -88,7 +89,9 @@ class Rule(BaseModel):
     keep_firing_for: Duration = 0.0
     consecutive: int = Field(1, ge=1)  # breaching evaluations in a row needed to fire
     no_data: NoDataPolicy = NoDataPolicy.KEEP
+    forget_after: Duration | None = None  # a series absent this long is forgotten; None: 5 x window
     group_by: tuple[str, ...] | None = None  # None: the signal's default labels
+    match: dict[str, str | dict[str, str]] = Field(default_factory=dict)  # label matchers
     severity: Severity = Severity.WARNING
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, Template] = Field(default_factory=dict)
@@ -123,6 +126,16 @@ class Rule(BaseModel):
             if not _LABEL.match(label) or label == "le":
                 raise ValueError(f"{label!r} is not a label name that can be grouped by")
         return value
+
+    @field_validator("match", mode="before")
+    @classmethod
+    def _match(cls, value: Any) -> Any:
+        parse_matchers(value)  # raises ValueError with the problem
+        return value
+
+    @property
+    def matchers(self) -> tuple[Matcher, ...]:
+        return parse_matchers(self.match)
 
     @field_validator("labels")
     @classmethod

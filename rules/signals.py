@@ -6,24 +6,35 @@ how: a ratio of counter rates, a histogram quantile, a gauge average or a counte
 compute the same thing from this description: the Prometheus source as PromQL, the scrape source from
 its own ring of ``/metrics`` samples.
 
+Across the series a group holds (vLLM's data-parallel engines, or several servers when a rule groups
+by model only), rates and counts add up; a gauge is averaged over the window per series and then
+combined the way that keeps trouble visible: KV-cache usage takes the fullest engine (an average
+would hide one saturated engine), queue lengths add up. Each signal states its domain: a value
+outside it (a negative rate, a ratio above 1, NaN) cannot come from a healthy vLLM and is reported
+as an error for that series, never as a breach.
+
 Where vLLM renamed a metric, a ``Metric`` lists the names newest first; the first one present wins.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from daemon.durations import format_duration
+from rules.durations import format_duration
+from rules.matchers import Matcher
 
 
 class Kind(StrEnum):
     RATIO = "ratio"  # offset + rate(numerator) / rate(denominator), per group
     PER_POSITION = "per_position"  # rate(numerator) by position / rate(denominator)
     QUANTILE = "quantile"  # histogram_quantile over rate(buckets)
-    GAUGE = "gauge"  # average of a gauge over the window
+    GAUGE = "gauge"  # average of a gauge over the window, combined across series by `combine`
     RATE = "rate"  # per-second rate of a counter
+    POSITIONS = "positions"  # how many distinct `position` values a counter has (per engine, max)
+    SPEEDUP = "speedup"  # derived: mean acceptance length / (1 + k c), computed by the evaluation
 
 
 @dataclass(frozen=True)
@@ -53,37 +64,77 @@ class Signal:
     denominator: Metric | None = None
     offset: float = 0.0
     quantile: float | None = None
-    intrinsic_labels: tuple[str, ...] = ()  # labels the signal always keeps (position)
+    intrinsic_labels: tuple[str, ...] = ()  # labels the signal keeps unless a rule's group_by drops them
     requires_speculation: bool = False
     notes: tuple[str, ...] = field(default=())
+    combine: str = "sum"  # GAUGE: how per-series averages combine within a group (max | sum)
+    domain: tuple[float, float] = (0.0, math.inf)  # the values a vLLM can give, bounds included
+    inputs: tuple[str, ...] = ()  # SPEEDUP: the signals it is computed from
 
-    def promql(self, window: float, group_by: Sequence[str]) -> str:
-        """The PromQL expression computing this signal over ``window`` seconds, per ``group_by``."""
+    def groups(self, group_by: Sequence[str], keep_intrinsic: bool = True) -> list[str]:
+        """The labels a result keeps: ``group_by``, plus the intrinsic ones unless told otherwise."""
+        return _unique([*group_by, *(self.intrinsic_labels if keep_intrinsic else ())])
+
+    def out_of_domain(self, value: float) -> str | None:
+        """Why ``value`` cannot be this signal's, or None when it can."""
+        low, high = self.domain
+        if math.isnan(value) or math.isinf(value):
+            return f"{self.name} is {value} (not a number vLLM can give)"
+        if value < low or value > high:
+            span = f">= {_number(low)}" if math.isinf(high) else f"in [{_number(low)}, {_number(high)}]"
+            return f"{self.name} = {value:.6g} is impossible (must be {span}): check the target's /metrics"
+        return None
+
+    def promql(
+        self,
+        window: float,
+        group_by: Sequence[str],
+        match: Sequence[Matcher] = (),
+        keep_intrinsic: bool = True,
+    ) -> str:
+        """The PromQL expression computing this signal over ``window`` seconds, per ``group_by``.
+
+        ``match`` selects the raw series first (``{position="0"}``). Raises ValueError for a
+        signal that is not one query (a derived signal).
+        """
         rng = format_duration(window)
-        groups = _unique([*group_by, *self.intrinsic_labels])
-        if self.kind is Kind.RATIO:
+        groups = self.groups(group_by, keep_intrinsic)
+        sel = "{" + ", ".join(m.promql() for m in match) + "}" if match else ""
+        if self.kind is Kind.RATIO or (self.kind is Kind.PER_POSITION and "position" not in groups):
             assert self.denominator is not None
-            expr = f"{_sum_rate(self.metric, rng, groups)} / ({_sum_rate(self.denominator, rng, groups)} > 0)"
+            numerator = _sum_rate(self.metric, rng, groups, sel)
+            expr = (
+                f"{numerator} / ({_sum_rate(self.denominator, rng, groups, _without(match, 'position'))} > 0)"
+            )
             return f"{_number(self.offset)} + {expr}" if self.offset else expr
         if self.kind is Kind.PER_POSITION:
             assert self.denominator is not None
-            outer = ", ".join(g for g in groups if g not in self.intrinsic_labels)
+            outer_groups = [g for g in groups if g not in self.intrinsic_labels]
+            outer = ", ".join(outer_groups)
+            denominator = _sum_rate(self.denominator, rng, outer_groups, _without(match, "position"))
             return (
-                f"{_sum_rate(self.metric, rng, groups)} / on ({outer}) group_left () "
-                f"({_sum_rate(self.denominator, rng, [g for g in groups if g not in self.intrinsic_labels])} > 0)"
+                f"{_sum_rate(self.metric, rng, groups, sel)} / on ({outer}) group_left () ({denominator} > 0)"
             )
         if self.kind is Kind.QUANTILE:
             assert self.quantile is not None
             by = ", ".join([*groups, "le"])
-            parts = [f"sum by ({by}) (rate({name}_bucket[{rng}]))" for name in self.metric.names]
+            parts = [f"sum by ({by}) (rate({name}_bucket{sel}[{rng}]))" for name in self.metric.names]
             return f"histogram_quantile({_number(self.quantile)}, {_or(parts)})"
         if self.kind is Kind.GAUGE:
             by = ", ".join(groups)
-            parts = [f"avg by ({by}) (avg_over_time({name}[{rng}]))" for name in self.metric.names]
+            parts = [
+                f"{self.combine} by ({by}) (avg_over_time({name}{sel}[{rng}]))" for name in self.metric.names
+            ]
             return _or(parts)
         if self.kind is Kind.RATE:
-            return _sum_rate(self.metric, rng, groups)
-        raise AssertionError(self.kind)
+            return _sum_rate(self.metric, rng, groups, sel)
+        if self.kind is Kind.POSITIONS:
+            # Positions per engine of each server, then the most any engine of the group has.
+            inner = ", ".join(_unique(["instance", "engine", *groups]))
+            by = ", ".join(groups)
+            parts = [f"max by ({by}) (count by ({inner}) ({name}{sel}))" for name in self.metric.names]
+            return _or(parts)
+        raise ValueError(f"{self.name} is derived from {', '.join(self.inputs)}: it is not one PromQL query")
 
 
 def _unique(items: Sequence[str]) -> list[str]:
@@ -98,9 +149,15 @@ def _or(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
 
 
-def _sum_rate(metric: Metric, rng: str, groups: Sequence[str]) -> str:
+def _sum_rate(metric: Metric, rng: str, groups: Sequence[str], selector: str = "") -> str:
     by = ", ".join(groups)
-    return _or([f"sum by ({by}) (rate({name}[{rng}]))" for name in metric.names])
+    return _or([f"sum by ({by}) (rate({name}{selector}[{rng}]))" for name in metric.names])
+
+
+def _without(match: Sequence[Matcher], label: str) -> str:
+    """The selector of ``match`` minus the matchers on ``label`` (which the metric lacks)."""
+    kept = [m.promql() for m in match if m.label != label]
+    return "{" + ", ".join(kept) + "}" if kept else ""
 
 
 # --- the vLLM metrics (vLLM 0.9 - 0.34, V1 engine; see the reference on renames) -------------------
@@ -155,6 +212,7 @@ _SIGNALS: tuple[Signal, ...] = (
         denominator=SPEC_DRAFT_TOKENS,
         requires_speculation=True,
         notes=("vLLM's draft acceptance rate: below the paper's per-token alpha when k > 1",),
+        domain=(0.0, 1.0),
     ),
     Signal(
         name="mean_acceptance_length",
@@ -165,6 +223,7 @@ _SIGNALS: tuple[Signal, ...] = (
         denominator=SPEC_DRAFTS,
         offset=1.0,
         requires_speculation=True,
+        domain=(1.0, math.inf),
     ),
     Signal(
         name="acceptance_by_position",
@@ -175,6 +234,32 @@ _SIGNALS: tuple[Signal, ...] = (
         denominator=SPEC_DRAFTS,
         intrinsic_labels=("position",),
         requires_speculation=True,
+        domain=(0.0, 1.0),
+        notes=("a rule that groups without `position` gets the sum over the positions it matches",),
+    ),
+    Signal(
+        name="num_speculative_tokens",
+        description="Draft positions vLLM counts (num_speculative_tokens), the most of any engine",
+        unit="tokens",
+        kind=Kind.POSITIONS,
+        metric=SPEC_ACCEPTED_PER_POS,
+        requires_speculation=True,
+        domain=(1.0, math.inf),
+        notes=("read from the per-position series vLLM creates at startup, one per position",),
+    ),
+    Signal(
+        name="estimated_speedup",
+        description="Mean acceptance length / (1 + k c): decoding speed against no speculation",
+        unit="ratio",
+        kind=Kind.SPEEDUP,
+        metric=SPEC_ACCEPTED,
+        inputs=("mean_acceptance_length", "num_speculative_tokens"),
+        requires_speculation=True,
+        domain=(0.0, math.inf),
+        notes=(
+            "Leviathan et al.'s Theorem 3.8 with vLLM's measured acceptance length; c (draft step / "
+            "target step) comes from the baseline file, per model",
+        ),
     ),
     _quantile("e2e_latency_p50", E2E_LATENCY, 0.5, "End-to-end request latency"),
     _quantile("e2e_latency_p95", E2E_LATENCY, 0.95, "End-to-end request latency"),
@@ -184,10 +269,12 @@ _SIGNALS: tuple[Signal, ...] = (
     _quantile("itl_p95", ITL, 0.95, "Inter-token latency (one interval may carry several tokens)"),
     Signal(
         name="kv_cache_usage",
-        description="KV-cache usage, fraction 0-1, averaged over the window",
+        description="KV-cache usage, fraction 0-1, averaged over the window; the fullest engine",
         unit="ratio",
         kind=Kind.GAUGE,
         metric=KV_CACHE,
+        combine="max",
+        domain=(0.0, 1.0),
     ),
     Signal(
         name="preemption_rate",
@@ -198,17 +285,19 @@ _SIGNALS: tuple[Signal, ...] = (
     ),
     Signal(
         name="running_requests",
-        description="Requests in the running batch, averaged over the window",
+        description="Requests in the running batch, averaged over the window, summed over engines",
         unit="requests",
         kind=Kind.GAUGE,
         metric=RUNNING,
+        combine="sum",
     ),
     Signal(
         name="waiting_requests",
-        description="Requests waiting to be scheduled, averaged over the window",
+        description="Requests waiting to be scheduled, averaged over the window, summed over engines",
         unit="requests",
         kind=Kind.GAUGE,
         metric=WAITING,
+        combine="sum",
     ),
     Signal(
         name="generation_throughput",
@@ -230,6 +319,11 @@ CATALOG: dict[str, Signal] = {signal.name: signal for signal in _SIGNALS}
 
 # Labels every signal keeps unless a rule says otherwise: one series per vLLM server and model.
 DEFAULT_GROUP_BY: tuple[str, ...] = ("instance", "model_name")
+
+
+def default_group_by(signal: Signal) -> tuple[str, ...]:
+    """The labels a rule on ``signal`` keeps when it gives no ``group_by``."""
+    return tuple(signal.groups(DEFAULT_GROUP_BY))
 
 
 def get_signal(name: str) -> Signal:

@@ -26,16 +26,17 @@ from typing import Any, TextIO
 import yaml
 
 from daemon import logs
-from daemon.durations import format_duration, parse_duration
 from daemon.loading import LoadedRule, builtin_pack, load
 from daemon.runtime import Daemon
-from daemon.signals import get_signal
 from daemon.store import ActionRun, EventRecord
+from rules.durations import format_duration, parse_duration
+from rules.signals import get_signal
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import Simulator, start_simulator
 from sim.traffic import Traffic
 
 SPEEDUP = 20  # the shipped rules' windows and durations are divided by this
+NAME_WIDTH = 24  # the longest shipped rule name, speculation_unprofitable
 MODEL = "tiny-llama"
 HEALTHY_TEMPERATURE = 0.0
 HOT_TEMPERATURE = 1.5
@@ -116,7 +117,7 @@ class DemoRun:
         t = self.terminal
         arrow = f"{event.previous.value} -> {event.kind.value}"
         value = "no data" if event.value is None else f"{event.value:.3g}"
-        text = f"{event.rule:<20} {arrow:<20} {item.rule.signal} = {value} ({item.rule.condition})"
+        text = f"{event.rule:<{NAME_WIDTH}} {arrow:<20} {item.rule.signal} = {value} ({item.rule.condition})"
         if event.kind.value == "firing":
             self.fired.setdefault(event.rule, time.monotonic() - t.started)
             t.line(text, "bold", "red")
@@ -181,17 +182,25 @@ def _write_config(directory: Path, sim_url: str, baseline: bool) -> Path:
     return path
 
 
-async def _measure_baseline(daemon: Daemon, directory: Path, window: float) -> float | None:
+async def _measure_baseline(
+    daemon: Daemon, directory: Path, window: float, draft_cost: float
+) -> float | None:
     result = await daemon.source.query_signal(get_signal("e2e_latency_p95"), window, ())
     if not result.series:
         return None
     value = result.series[0].value
     baseline = {
-        "version": 1,
+        "version": 2,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "method": f"specguard demo: e2e p95 over {window:g}s of healthy simulated traffic",
-        "model": MODEL,
-        "signals": {"e2e_latency_p95": value},
+        "entries": [
+            {
+                "model": MODEL,
+                "signals": {"e2e_latency_p95": value},
+                # The simulated draft's cost per step, as the simulator was told (--draft-cost).
+                "speculative": {"method": "draft_model", "draft_cost": draft_cost},
+            }
+        ],
     }
     (directory / "baseline.json").write_text(json.dumps(baseline, indent=2) + "\n")
     return value
@@ -258,7 +267,7 @@ async def run_demo(directory: Path, out: TextIO, color: bool, timeline: Timeline
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await traffic.stop()
-        summary = daemon.status()
+        summary = daemon.rule_rows()
         await daemon.shutdown()
         await sim.stop()
         log_file.close()
@@ -291,7 +300,8 @@ async def _wait_for_all_rules(run: DemoRun, daemon: Daemon) -> bool:
 
 async def _baseline_step(run: DemoRun, daemon: Daemon, config_path: Path, sim: Simulator) -> None:
     t = run.terminal
-    value = await _measure_baseline(daemon, run.directory, window=run.timeline.baseline_at - 2)
+    window = run.timeline.baseline_at - 2
+    value = await _measure_baseline(daemon, run.directory, window, sim.options.draft_cost)
     if value is None:
         t.line("baseline: no latency data yet; latency_regression will report an error", "red")
         return
@@ -301,6 +311,9 @@ async def _baseline_step(run: DemoRun, daemon: Daemon, config_path: Path, sim: S
         f"baseline measured: e2e p95 {value:.2f}s -> baseline.json; config reloaded ({'ok' if reloaded else 'failed'})"
     )
     t.detail(f"latency_regression now fires above 1.2 x {value:.2f}s = {1.2 * value:.2f}s", "dim")
+    t.detail(
+        f"speculation_unprofitable now knows the draft's cost per step: c = {sim.options.draft_cost:g}", "dim"
+    )
 
 
 async def _degrade_step(run: DemoRun, traffic: Traffic) -> None:
@@ -343,7 +356,7 @@ def _summary(
     for row in status:
         fired = run.fired.get(row["rule"])
         when = f"fired at {fired:.0f}s" if fired is not None else "did not fire"
-        t.line(f"  {row['rule']:<20} {row['state']:<9} {when}", stamp=False)
+        t.line(f"  {row['rule']:<{NAME_WIDTH}} {row['state']:<9} {when}", stamp=False)
     t.line(
         f"  traffic: {traffic.stats.requests} requests, {traffic.stats.tokens} tokens, "
         f"{traffic.stats.errors} errors",

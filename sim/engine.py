@@ -201,6 +201,7 @@ class Engine:
         self._listener = listener
         self._on_record = on_record
         self._acceptance = list(options.acceptance_by_position)
+        self.acceptance_changes: list[tuple[float, list[float]]] = []  # (Unix time, new values)
         self._rng = random.Random(None if options.seed is None else f"{options.seed}/engine{index}")
         self.prefix_cache = PrefixCache(
             options.block_size,
@@ -247,6 +248,8 @@ class Engine:
     def set_acceptance(self, acceptance: float | Sequence[float]) -> None:
         """Conditional acceptance per draft position at temperature 0 (one value: every position)."""
         self._acceptance = check_acceptance(acceptance)
+        # Steps executed from now on draw with the new values: record when, as ground truth.
+        self.acceptance_changes.append((self._wall(time.monotonic()), list(self._acceptance)))
 
     @property
     def acceptance(self) -> list[float]:
@@ -255,6 +258,11 @@ class Engine:
     def set_kv_usage_floor(self, floor: float | None) -> None:
         """Report at least ``floor`` as KV-cache usage (None: report the real usage)."""
         self._floor = None if floor is None else _Ramp(0.0, 0.0, floor, _fraction(floor))
+
+    @property
+    def kv_usage_floor_ramp(self) -> _Ramp | None:
+        """The KV-usage floor in force (a fixed floor is a ramp that has ended), or None."""
+        return self._floor
 
     def ramp_kv_usage_floor(self, to: float, over: float) -> None:
         """Move the floor linearly from its current value to ``to`` in ``over`` seconds."""
@@ -371,7 +379,7 @@ class Engine:
             start = self._deadline if 0 <= now - self._deadline < cost else now
             self._deadline = start + cost
             await asyncio.sleep(max(self._deadline - loop.time(), 0.0))
-            self._execute(batch)
+            self._execute(batch, cost)
 
     def _needed(self, requests: Sequence[_Request]) -> int:
         # Tokens held plus what this step may add: 1 + k in decode, the sampled token in prefill.
@@ -411,7 +419,7 @@ class Engine:
         self._waiting.appendleft(request)  # vLLM puts preempted requests first in line
         self._listener.on_preempted(self.index, request.record)
 
-    def _execute(self, batch: Sequence[_Request]) -> None:
+    def _execute(self, batch: Sequence[_Request], cost: float = 0.0) -> None:
         wall = self._wall(time.monotonic())
         outputs: list[RequestStep] = []
         finished: list[tuple[_Request, str]] = []
@@ -437,7 +445,7 @@ class Engine:
             pieces = [request.text.next() for _ in range(tokens)]
             if done and request.stop_reason == "stop":
                 pieces[-1] = ""  # the EOS token counts as a completion token but has no text
-            step = StepRecord(wall, tokens, accepted, draft_tokens, "".join(pieces))
+            step = StepRecord(wall, tokens, accepted, draft_tokens, "".join(pieces), cost)
             interval = None if first_token else wall - record.token_times[-1]
             record.steps.append(step)
             record.token_times.extend([wall] * tokens)

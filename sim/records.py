@@ -25,6 +25,7 @@ class StepRecord:
     accepted: int  # draft tokens accepted, counted as vLLM does (not capped by max_tokens)
     draft_tokens: int  # k in a decode step with speculation; 0 in a prefill step or without it
     text: str  # the step's text: one SSE chunk
+    cost: float = 0.0  # seconds the cost model gave the engine step (the step never comes sooner)
 
 
 @dataclass

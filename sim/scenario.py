@@ -27,8 +27,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from daemon.durations import Duration
 from daemon.yamlfile import FileProblems, Problem, load_yaml, validation_problems
+from rules.durations import Duration
 from sim.engine import Engine
 
 log = logging.getLogger(__name__)

@@ -56,11 +56,23 @@ class Daemon:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    def start(self, *args: str, output: int | None = None) -> None:
+        """Start `specguard run` with ``args`` added; its output goes to the log file, or to the file
+        descriptor ``output``."""
+        command = [
+            sys.executable,
+            "-m",
+            "daemon",
+            "run",
+            "--config",
+            str(self.config),
+            "--log-format",
+            "json",
+        ]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daemon", "run", "--config", str(self.config), "--log-format", "json"],
-                stdout=log,
+                [*command, *args],
+                stdout=log if output is None else output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )

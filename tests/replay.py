@@ -17,6 +17,7 @@ MODEL = "tiny-llama"  # served_model_name in the capture
 # draft position (position i counts the drafts whose tokens 0..i were all accepted).
 DRAFTS, DRAFT_TOKENS, ACCEPTED = 10, 50, 30
 ACCEPTED_BY_POSITION = {"0": 9, "1": 8, "2": 7, "3": 5, "4": 1}
+GENERATED, PREEMPTIONS = 40, 1  # tokens generated (1 + accepted per draft) and preemptions
 # Latencies (seconds) observed between two scrapes; each bucket grows by those under its ``le``.
 OBSERVATIONS = {
     "vllm:e2e_request_latency_seconds": [0.2, 0.2, 0.6, 0.6, 0.6, 0.9, 0.9, 0.9, 0.9, 1.7],
@@ -34,9 +35,17 @@ def per_scrape(name: str, labels: Mapping[str, str]) -> float:
         "vllm:spec_decode_num_drafts_total": DRAFTS,
         "vllm:spec_decode_num_draft_tokens_total": DRAFT_TOKENS,
         "vllm:spec_decode_num_accepted_tokens_total": ACCEPTED,
+        "vllm:generation_tokens_total": GENERATED,
+        "vllm:num_preemptions_total": PREEMPTIONS,
     }
     if name in counters:
         return counters[name]
+    if name == "vllm:request_success_total":
+        return (
+            len(OBSERVATIONS["vllm:e2e_request_latency_seconds"])
+            if labels["finished_reason"] == "length"
+            else 0
+        )
     if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
         return ACCEPTED_BY_POSITION[labels["position"]]
     for family, values in OBSERVATIONS.items():
@@ -49,17 +58,39 @@ def per_scrape(name: str, labels: Mapping[str, str]) -> float:
     return 0.0
 
 
-class ReplayedVllm:
-    """The capture served as a busy vLLM would: its counters move forward at every scrape."""
+# Gauges of a varying replay: (engine, step) -> value. Engine 1 is saturated while engine 0 is not.
+GAUGES = {
+    "vllm:kv_cache_usage_perc": lambda engine, step: (
+        0.97 - 0.01 * (step % 3) if engine == "1" else 0.1 * (step % 5)
+    ),
+    "vllm:num_requests_running": lambda engine, step: float(step % 4 + (3 if engine == "1" else 0)),
+    "vllm:num_requests_waiting": lambda engine, step: float(step % 3 + (5 if engine == "1" else 0)),
+}
 
-    def __init__(self) -> None:
-        self.lines = CAPTURE.read_text().splitlines()
+
+class ReplayedVllm:
+    """The capture served as a busy vLLM would: its counters move forward at every scrape.
+
+    ``vary``: each scrape adds one more time the usual work than the scrape before (1, 2, 3...), so
+    that a rate over a recent, short window is higher than one over a longer window, and the gauges
+    change from scrape to scrape (GAUGES).
+    ``engines``: with 2, every series exists for a second data-parallel engine too.
+    """
+
+    def __init__(self, vary: bool = False, engines: int = 1) -> None:
+        lines = CAPTURE.read_text().splitlines()
+        if engines == 2:
+            lines = [twin for line in lines for twin in _with_engine_one(line)]
+        self.lines = lines
+        self.vary = vary
         # Start far from zero: rate() extrapolates a counter that starts near zero only down to
         # zero, which would give that one series its own factor and bend the exact ratios.
         self.step = 100
+        self.progress = 100  # scrapes' worth of work done so far
 
     def __call__(self) -> str:
         self.step += 1
+        self.progress += self.step - 100 if self.vary else 1
         return "\n".join(self._advance(line) for line in self.lines) + "\n"
 
     def _advance(self, line: str) -> str:
@@ -67,8 +98,16 @@ class ReplayedVllm:
         if sample is None:
             return line  # HELP, TYPE
         name, labels, value = sample.group(1), dict(LABEL.findall(sample.group(2) or "")), sample[3]
-        grown = float(value) + self.step * per_scrape(name, labels)
+        if self.vary and name in GAUGES:
+            return f"{line[: sample.start(3)]}{GAUGES[name](labels.get('engine', '0'), self.step)!r}"
+        grown = float(value) + self.progress * per_scrape(name, labels)
         return f"{line[: sample.start(3)]}{grown!r}"
+
+
+def _with_engine_one(line: str) -> list[str]:
+    if 'engine="0"' in line and not line.startswith("#"):
+        return [line, line.replace('engine="0"', 'engine="1"')]
+    return [line]
 
 
 def histogram_quantile(q: float, family: str) -> float:

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from daemon.signals import Signal
+from rules.matchers import Matcher
+from rules.signals import Kind, Signal
 
 
 @dataclass(frozen=True)
@@ -19,16 +20,29 @@ class Series:
 
 
 @dataclass(frozen=True)
+class Invalid:
+    """A series whose value cannot be true (outside the signal's domain): an error, never a breach."""
+
+    labels: Mapping[str, str]
+    reason: str
+
+
+@dataclass(frozen=True)
 class SourceResult:
     """The answer to one query.
 
     ``error`` set: the query failed (an *error*, never a breach by itself).
     ``series`` empty and no error: the query worked and there is *no data*.
+    ``invalid``: series whose values are impossible (negative counts, ratios above 1, NaN...).
+    ``warming``: ``instance`` labels of targets that have not got enough samples yet to answer;
+    a series from one of them, or one that aggregates over targets, is *warming up*.
     """
 
     series: tuple[Series, ...] = ()
     error: str | None = None
     detail: Mapping[str, str] = field(default_factory=dict)
+    invalid: tuple[Invalid, ...] = ()
+    warming: frozenset[str] = frozenset()
 
     @classmethod
     def failed(cls, message: str) -> SourceResult:
@@ -43,6 +57,37 @@ class SourceResult:
             )
         )
 
+    @classmethod
+    def checked(
+        cls,
+        signal: Signal,
+        items: Sequence[tuple[Mapping[str, str], float]],
+        warming: frozenset[str] = frozenset(),
+    ) -> SourceResult:
+        """Build a result for ``signal``, keeping values outside its domain apart as invalid.
+
+        A quantile of a histogram with no observations in the window is NaN in Prometheus: that is
+        no data. Any other NaN or infinity is a value no vLLM can have produced.
+        """
+        good: list[Series] = []
+        bad: list[Invalid] = []
+        for labels, value in items:
+            if math.isnan(value) and signal.kind is Kind.QUANTILE:
+                continue
+            reason = signal.out_of_domain(float(value))
+            if reason is None:
+                good.append(Series(dict(labels), float(value)))
+            else:
+                bad.append(Invalid(dict(labels), reason))
+        return cls(series=tuple(good), invalid=tuple(bad), warming=warming)
+
+    def is_warming(self, labels: Mapping[str, str]) -> bool:
+        """Whether a series with ``labels`` comes from (or sums over) a target still warming up."""
+        if not self.warming:
+            return False
+        instance = labels.get("instance")
+        return instance is None or instance in self.warming
+
 
 class Source(Protocol):
     """A place signals come from. Implementations never raise for a failed query: they say so."""
@@ -52,7 +97,18 @@ class Source(Protocol):
     async def refresh(self) -> None:
         """Take whatever fresh sample the source needs before a round of queries."""
 
-    async def query_signal(self, signal: Signal, window: float, group_by: Sequence[str]) -> SourceResult: ...
+    async def query_signal(
+        self,
+        signal: Signal,
+        window: float,
+        group_by: Sequence[str],
+        match: Sequence[Matcher] = (),
+        keep_intrinsic: bool = True,
+    ) -> SourceResult:
+        """``signal`` over ``window`` seconds, one series per ``group_by`` label set (plus the
+        signal's intrinsic labels, such as ``position``, unless ``keep_intrinsic`` is false), from
+        the raw series that ``match`` selects."""
+        ...
 
     async def query_expr(self, expr: str) -> SourceResult:
         """Raw PromQL. Only the Prometheus source supports it."""

@@ -13,7 +13,7 @@ import asyncio
 import json
 import re
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,9 +24,10 @@ from urllib3.exceptions import NameResolutionError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import Retry
 
-from daemon.durations import format_duration
-from daemon.signals import Signal
 from daemon.sources.base import SourceResult
+from rules.durations import format_duration
+from rules.matchers import Matcher
+from rules.signals import Signal
 
 # The client folds a non-200 answer into its message as ``HTTP Status Code 400 (b'...')``; the body
 # is recovered from it to show Prometheus's own errorType and error to the operator.
@@ -53,7 +54,10 @@ class PrometheusSource:
         timeout: float,
         bearer_token_file: Path | None = None,
         verify_tls: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock``: evaluate every query at the time it gives (Unix seconds) instead of
+        Prometheus's own now, so that several queries see the very same samples."""
         if timeout <= 0:
             raise ValueError(f"prometheus timeout must be positive, got {timeout!r}")
         # A trailing slash would make every request path start with "//".
@@ -65,6 +69,7 @@ class PrometheusSource:
         self._shown_url = _without_credentials(self.url)
         # Prometheus gives up on the query when the client would: no work left running for nobody.
         self._params = {"timeout": format_duration(timeout)}
+        self._clock = clock
         self._client = PrometheusConnect(
             url=self.url,
             headers={"Authorization": f"Bearer {self._token}"} if self._token else {},
@@ -83,13 +88,29 @@ class PrometheusSource:
     async def refresh(self) -> None:
         """Nothing to do: Prometheus keeps the history."""
 
-    async def query_signal(self, signal: Signal, window: float, group_by: Sequence[str]) -> SourceResult:
-        return await self.query_expr(signal.promql(window, group_by))
+    async def query_signal(
+        self,
+        signal: Signal,
+        window: float,
+        group_by: Sequence[str],
+        match: Sequence[Matcher] = (),
+        keep_intrinsic: bool = True,
+    ) -> SourceResult:
+        answer = await self._query(signal.promql(window, group_by, match, keep_intrinsic))
+        return answer if isinstance(answer, SourceResult) else SourceResult.checked(signal, answer)
 
     async def query_expr(self, expr: str) -> SourceResult:
+        answer = await self._query(expr)
+        return answer if isinstance(answer, SourceResult) else SourceResult.of(answer)
+
+    async def _query(self, expr: str) -> SourceResult | list[tuple[Mapping[str, str], float]]:
+        """The answer's (labels, value) pairs, or a failed result."""
         # The requests session is shared by concurrent queries; its connection pool is thread-safe.
         try:
-            result = await asyncio.to_thread(self._client.custom_query, expr, params=self._params)
+            params = dict(self._params)
+            if self._clock is not None:
+                params["time"] = repr(self._clock())
+            result = await asyncio.to_thread(self._client.custom_query, expr, params=params)
         except _QUERY_ERRORS as exc:
             return self._failed(self._describe(exc))
         parsed = _parse_result(result)
@@ -129,8 +150,8 @@ class PrometheusSource:
         return f"request failed: {exc}"
 
 
-def _parse_result(result: object) -> SourceResult | str:
-    """A SourceResult from ``data.result``, or what is wrong with it.
+def _parse_result(result: object) -> list[tuple[Mapping[str, str], float]] | str:
+    """The (labels, value) pairs of ``data.result``, or what is wrong with it.
 
     The client returns only ``data.result`` and drops ``resultType``: a vector is a list of
     ``{"metric": {...}, "value": [ts, "1.5"]}``, a scalar is ``[ts, "1.5"]``, a matrix carries
@@ -142,7 +163,7 @@ def _parse_result(result: object) -> SourceResult | str:
         value = _float(result[1])
         if value is None:
             return "the expression returns a string, not a number"
-        return SourceResult.of([({}, value)])
+        return [({}, value)]
     items: list[tuple[Mapping[str, str], float]] = []
     for item in result:
         if isinstance(item, dict) and "values" in item:
@@ -153,7 +174,7 @@ def _parse_result(result: object) -> SourceResult | str:
         if value is None or not isinstance(labels, dict):
             return f"unexpected answer: {item!r}"
         items.append(({str(k): str(v) for k, v in labels.items()}, value))
-    return SourceResult.of(items)
+    return items
 
 
 def _float(value: object) -> float | None:

@@ -2,8 +2,13 @@
 
 Each target keeps a ring of (timestamp, snapshot) pairs covering ``retention`` seconds. A query
 takes the samples inside ``[now - window, now]`` and evaluates what ``Signal.promql`` says, with
-Prometheus's semantics: ``sum by`` aggregation, the ``> 0`` filter on denominators, counter resets,
-``histogram_quantile``'s bucket algorithm and ``instance`` = host:port of the target.
+Prometheus's semantics: label matchers, ``sum by`` aggregation, the ``> 0`` filter on denominators,
+counter resets, ``histogram_quantile``'s bucket algorithm and ``instance`` = host:port of the target
+(or the name the config gives it: two targets on one host:port need names to stay apart).
+
+A target is *warming up* until it can answer: before its first scrape, and while it has answered
+but holds fewer than two samples (no rate yet). A target whose last scrape failed is not warming
+up: it is down, and its series have no data.
 
 One deliberate difference: ``rate`` is the increase between the first and the last sample in the
 window divided by the time between them, with no extrapolation. Prometheus extrapolates the
@@ -22,14 +27,16 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import pairwise
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from daemon.exposition import Labels, Snapshot, parse_exposition
-from daemon.signals import Kind, Metric, Signal
 from daemon.sources.base import SourceResult
+from rules.matchers import Matcher, all_match
+from rules.signals import Kind, Metric, Signal
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,7 @@ _Point = tuple[float, float]  # (timestamp, value)
 _Window = list[tuple[float, Snapshot]]
 _Key = tuple[str, ...]  # values of the group-by labels, "" where a label is absent
 _Item = tuple[dict[str, str], float]
+_Match = tuple[Matcher, ...]
 
 # Ask for the classic text format: prometheus_client's text parser does not read OpenMetrics.
 _ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
@@ -59,11 +67,19 @@ class ScrapeSource:
         retention: float,
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
+        names: Mapping[str, str] | None = None,
     ) -> None:
+        """``targets`` are URLs; ``names`` gives some of them the ``instance`` label they report
+        under (default: host:port). Raises ValueError when two targets would report as one."""
         if timeout <= 0 or retention <= 0:
             raise ValueError("scrape timeout and retention must be positive")
         self.targets: tuple[str, ...] = tuple(dict.fromkeys(targets))
+        self.instances: dict[str, str] = {t: (names or {}).get(t) or instance_label(t) for t in self.targets}
+        clash = duplicate_instances(self.instances)
+        if clash:
+            raise ValueError(clash)
         self.last_errors: dict[str, str] = {}
+        self._attempted: set[str] = set()
         self._timeout = timeout
         self._retention = retention
         self._clock = clock
@@ -88,6 +104,8 @@ class ScrapeSource:
 
     def ingest(self, target: str, text: str, ts: float) -> None:
         """Store ``text`` as ``target``'s sample taken at ``ts``: a scrape without HTTP."""
+        self._attempted.add(target)
+        self.instances.setdefault(target, instance_label(target))
         try:
             snapshot = parse_exposition(text)
         except ValueError as exc:
@@ -102,9 +120,31 @@ class ScrapeSource:
             # Parsing a vLLM page costs ~8 ms of pure Python: keep it off the event loop.
             snapshot = await asyncio.to_thread(parse_exposition, text)
         except Exception as exc:  # one bad target must not spoil the round for the others
+            self._attempted.add(target)
             self._fail(target, self._describe(exc), ts)
             return
+        self._attempted.add(target)
         self._store(target, snapshot, ts)
+
+    def warming_up(self) -> frozenset[str]:
+        """The ``instance`` of every target that cannot answer yet (see the module's docstring)."""
+        return frozenset(
+            self.instances[target]
+            for target in self.targets
+            if target not in self._attempted
+            or (target not in self.last_errors and len(self._rings.get(target, ())) < 2)
+        )
+
+    def adopt(self, other: ScrapeSource) -> None:
+        """Take over ``other``'s samples of the targets both scrape under the same name (a reload
+        that changed something else need not warm them up again)."""
+        for target in self.targets:
+            if target in other._rings and other.instances.get(target) == self.instances[target]:
+                self._rings[target] = deque(other._rings[target])
+                if target in other._attempted:
+                    self._attempted.add(target)
+                if target in other.last_errors:
+                    self.last_errors[target] = other.last_errors[target]
 
     async def _fetch(self, session: aiohttp.ClientSession, target: str) -> str:
         timeout = aiohttp.ClientTimeout(total=self._timeout)
@@ -144,18 +184,27 @@ class ScrapeSource:
 
     # --- answering queries ------------------------------------------------------------------------
 
-    async def query_signal(self, signal: Signal, window: float, group_by: Sequence[str]) -> SourceResult:
+    async def query_signal(
+        self,
+        signal: Signal,
+        window: float,
+        group_by: Sequence[str],
+        match: Sequence[Matcher] = (),
+        keep_intrinsic: bool = True,
+    ) -> SourceResult:
         now = self._clock()
         windows = {
-            target: [(ts, snap) for ts, snap in ring if now - window <= ts <= now]
+            self.instances[target]: [(ts, snap) for ts, snap in ring if now - window <= ts <= now]
             for target, ring in self._rings.items()
         }
-        groups = list(dict.fromkeys([*group_by, *signal.intrinsic_labels]))
-        result = SourceResult.of(_evaluate(signal, windows, groups))
+        groups = signal.groups(group_by, keep_intrinsic)
+        result = SourceResult.checked(
+            signal, _evaluate(signal, windows, groups, tuple(match)), self.warming_up()
+        )
         if not self.last_errors:
             return result
         errors = "; ".join(f"{target}: {error}" for target, error in self.last_errors.items())
-        return SourceResult(series=result.series, detail={"scrape_errors": errors})
+        return replace(result, detail={"scrape_errors": errors})
 
     async def query_expr(self, expr: str) -> SourceResult:
         return SourceResult.failed(_RAW_PROMQL)
@@ -169,11 +218,13 @@ class ScrapeSource:
 # --- PromQL semantics over the rings --------------------------------------------------------------
 
 
-def _evaluate(signal: Signal, windows: Mapping[str, _Window], groups: list[str]) -> list[_Item]:
-    if signal.kind is Kind.RATIO:
+def _evaluate(
+    signal: Signal, windows: Mapping[str, _Window], groups: list[str], match: _Match
+) -> list[_Item]:
+    if signal.kind is Kind.RATIO or (signal.kind is Kind.PER_POSITION and "position" not in groups):
         assert signal.denominator is not None
-        num = _sum_by(_rates(windows, signal.metric), groups)
-        den = _sum_by(_rates(windows, signal.denominator), groups)
+        num = _sum_by(_rates(windows, signal.metric, match), groups)
+        den = _sum_by(_rates(windows, signal.denominator, _without(match, "position")), groups)
         # `num / (den > 0)`: a group without drafts in the window has no value, not NaN or 0.
         return [
             (_labels(groups, key), signal.offset + value / den[key])
@@ -183,8 +234,8 @@ def _evaluate(signal: Signal, windows: Mapping[str, _Window], groups: list[str])
     if signal.kind is Kind.PER_POSITION:
         assert signal.denominator is not None
         outer = [g for g in groups if g not in signal.intrinsic_labels]
-        num = _sum_by(_rates(windows, signal.metric), groups)
-        den = _sum_by(_rates(windows, signal.denominator), outer)
+        num = _sum_by(_rates(windows, signal.metric, match), groups)
+        den = _sum_by(_rates(windows, signal.denominator, _without(match, "position")), outer)
         items = []
         for key, value in num.items():  # `on (outer) group_left ()`: one denominator per group
             labels = _labels(groups, key)
@@ -194,19 +245,34 @@ def _evaluate(signal: Signal, windows: Mapping[str, _Window], groups: list[str])
         return items
     if signal.kind is Kind.QUANTILE:
         assert signal.quantile is not None
-        return _quantiles(signal.quantile, _rates(windows, signal.metric, "_bucket"), groups)
+        return _quantiles(signal.quantile, _rates(windows, signal.metric, match, "_bucket"), groups)
     if signal.kind is Kind.GAUGE:
-        return _avg_by(_averages(windows, signal.metric), groups)
+        return _combine_by(_averages(windows, signal.metric, match), groups, signal.combine)
     if signal.kind is Kind.RATE:
-        totals = _sum_by(_rates(windows, signal.metric), groups)
+        totals = _sum_by(_rates(windows, signal.metric, match), groups)
         return [(_labels(groups, key), value) for key, value in totals.items()]
-    raise AssertionError(signal.kind)
+    if signal.kind is Kind.POSITIONS:
+        return _positions(windows, signal.metric, match, groups)
+    raise ValueError(f"{signal.name} is derived from {', '.join(signal.inputs)}: not a source query")
 
 
 def instance_label(target: str) -> str:
     """``host:port`` of a target URL, as Prometheus's default ``instance`` label."""
     netloc = urlsplit(target).netloc
     return netloc.rpartition("@")[2] if netloc else target
+
+
+def duplicate_instances(instances: Mapping[str, str]) -> str | None:
+    """A message when two targets would report under one ``instance`` label, else None."""
+    seen: dict[str, str] = {}
+    for target, instance in instances.items():
+        if instance in seen:
+            return (
+                f"scrape targets {seen[instance]} and {target} would both report as instance "
+                f"{instance!r}: give them distinct names"
+            )
+        seen[instance] = target
+    return None
 
 
 def _series(window: _Window, metric: Metric, suffix: str) -> dict[Labels, list[_Point]]:
@@ -232,24 +298,52 @@ def _with_instance(labels: Labels, instance: str) -> dict[str, str]:
     return out
 
 
-def _rates(windows: Mapping[str, _Window], metric: Metric, suffix: str = "") -> list[_Item]:
+def _rates(windows: Mapping[str, _Window], metric: Metric, match: _Match, suffix: str = "") -> list[_Item]:
     items = []
-    for target, window in windows.items():
-        instance = instance_label(target)
+    for instance, window in windows.items():
         for labels, points in _series(window, metric, suffix).items():
-            if len(points) >= 2:  # a rate needs two samples of the same series
-                items.append((_with_instance(labels, instance), counter_rate(points)))
+            full = _with_instance(labels, instance)
+            if len(points) >= 2 and all_match(match, full):  # a rate needs two samples
+                items.append((full, counter_rate(points)))
     return items
 
 
-def _averages(windows: Mapping[str, _Window], metric: Metric) -> list[_Item]:
+def _averages(windows: Mapping[str, _Window], metric: Metric, match: _Match) -> list[_Item]:
     items = []
-    for target, window in windows.items():
-        instance = instance_label(target)
+    for instance, window in windows.items():
         for labels, points in _series(window, metric, "").items():
-            values = [value for _, value in points]
-            items.append((_with_instance(labels, instance), sum(values) / len(values)))
+            full = _with_instance(labels, instance)
+            if all_match(match, full):
+                values = [value for _, value in points]
+                items.append((full, sum(values) / len(values)))
     return items
+
+
+def _positions(
+    windows: Mapping[str, _Window], metric: Metric, match: _Match, groups: Sequence[str]
+) -> list[_Item]:
+    """``max by (groups) (count by (instance, engine, groups) (metric))`` on the newest sample."""
+    per_engine: dict[_Key, int] = {}
+    inner = list(dict.fromkeys(["instance", "engine", *groups]))
+    for instance, window in windows.items():
+        if not window:
+            continue
+        newest = window[-1][1]
+        name = next((n for n in metric.names if n in newest), None)
+        for labels in newest.get(name, {}) if name else {}:
+            full = _with_instance(labels, instance)
+            if all_match(match, full):
+                key = _key(full, inner)
+                per_engine[key] = per_engine.get(key, 0) + 1
+    most: dict[_Key, float] = {}
+    for key, count in per_engine.items():
+        group = _key(_labels(inner, key), groups)
+        most[group] = max(most.get(group, 0.0), float(count))
+    return [(_labels(groups, key), value) for key, value in most.items()]
+
+
+def _without(match: _Match, label: str) -> _Match:
+    return tuple(m for m in match if m.label != label)
 
 
 def counter_rate(points: Sequence[_Point]) -> float:
@@ -282,11 +376,13 @@ def _sum_by(items: Iterable[_Item], groups: Sequence[str]) -> dict[_Key, float]:
     return totals
 
 
-def _avg_by(items: Iterable[_Item], groups: Sequence[str]) -> list[_Item]:
+def _combine_by(items: Iterable[_Item], groups: Sequence[str], combine: str) -> list[_Item]:
+    """``max by`` or ``sum by`` (groups) of per-series values."""
     totals: dict[_Key, list[float]] = {}
     for labels, value in items:
         totals.setdefault(_key(labels, groups), []).append(value)
-    return [(_labels(groups, key), sum(vals) / len(vals)) for key, vals in totals.items()]
+    pick = max if combine == "max" else sum
+    return [(_labels(groups, key), float(pick(vals))) for key, vals in totals.items()]
 
 
 def _quantiles(q: float, bucket_rates: Iterable[_Item], groups: Sequence[str]) -> list[_Item]:

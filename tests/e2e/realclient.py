@@ -12,8 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-from daemon.exposition import parse_exposition
+from prometheus_client.parser import text_string_to_metric_families
 
 PROMPTS = [
     "Tell me about speculative decoding.",
@@ -78,17 +77,18 @@ class SpecCounters:
 
 
 def spec_counters(text: str) -> SpecCounters:
-    snapshot = parse_exposition(text, keep={DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION})
+    """vLLM's own counters, read with prometheus_client's parser (not specguard's, so that a bug in
+    specguard's reading cannot cancel out in a comparison with what specguard computed)."""
+    totals: dict[str, float] = {DRAFTS: 0.0, DRAFT_TOKENS: 0.0, ACCEPTED: 0.0}
     per_position: dict[str, float] = {}
-    for labels, value in snapshot.get(PER_POSITION, {}).items():
-        position = dict(labels)["position"]
-        per_position[position] = per_position.get(position, 0.0) + value
-    return SpecCounters(
-        drafts=sum(snapshot[DRAFTS].values()),
-        draft_tokens=sum(snapshot[DRAFT_TOKENS].values()),
-        accepted=sum(snapshot[ACCEPTED].values()),
-        per_position=per_position,
-    )
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+            elif sample.name == PER_POSITION:
+                position = sample.labels["position"]
+                per_position[position] = per_position.get(position, 0.0) + sample.value
+    return SpecCounters(totals[DRAFTS], totals[DRAFT_TOKENS], totals[ACCEPTED], per_position)
 
 
 async def metrics_text(session: aiohttp.ClientSession, base_url: str) -> str:

@@ -24,9 +24,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_aiohttp import AiohttpServer
 
-from daemon.signals import DEFAULT_GROUP_BY, get_signal
 from daemon.sources.base import Series
 from daemon.sources.scrape import ScrapeSource
+from rules.signals import DEFAULT_GROUP_BY, get_signal
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import start_simulator
 from tests.e2e.realclient import (

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from tests.processes import Daemon
 
@@ -88,12 +89,19 @@ async def test_a_firing_rule_stays_firing_across_a_restart_without_firing_again(
     body = await daemon.wait_for(lambda b: (b["last_evaluation"] or 0) > restarted + 1.5)
     rows = _state(body)
     assert [r["state"] for r in rows] == ["firing"]
-    assert rows[0]["since"] == pytest.approx(fired_at)
+    assert rows[0]["since"] == pytest.approx(fired_at, abs=1e-6)  # restored as stored
     assert daemon.stop() == 0
     assert len(_firing_events(state_dir)) == 1, "the restart fired the rule a second time"
     assert len(_runs(state_dir)) == 1
     stops = [line for line in daemon.logs() if line["msg"] == "stopping"]
     assert len(stops) == 2
+
+
+def _sample(text: str, name: str) -> float:
+    (line,) = [
+        line for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{")
+    ]
+    return float(line.rsplit(" ", 1)[1])
 
 
 async def test_http_endpoints_report_health_status_and_own_metrics(daemon: Daemon) -> None:
@@ -103,9 +111,14 @@ async def test_http_endpoints_report_health_status_and_own_metrics(daemon: Daemo
     assert status == 200 and health["status"] == "ok"
     status, text = await daemon.get("/metrics")
     assert status == 200
-    assert 'specguard_evaluations_total{result="breach",rule="acceptance_below_07"}' in text
+    breaches = 'specguard_evaluations_total{result="breach",rule="acceptance_below_07"}'
     assert 'specguard_rule_series{rule="acceptance_below_07",state="firing"} 1.0' in text
     assert "specguard_evaluation_duration_seconds_bucket" in text
+    assert _sample(text, 'specguard_action_runs_total{action="log",status="ok"}') == 1
+    before = _sample(text, breaches)
+    await asyncio.sleep(1.5)  # three more rounds at 500 ms
+    _, later = await daemon.get("/metrics")
+    assert _sample(later, breaches) > before  # the daemon's own counters move with its rounds
     _, body = await daemon.get("/api/status")
     for key in ("rule", "signal", "labels", "state", "value", "since"):
         assert key in body["rules"][0]
@@ -131,6 +144,28 @@ async def test_sighup_keeps_the_old_config_when_the_new_one_is_invalid(daemon: D
     body = await daemon.wait_for(lambda b: any(r["state"] == "resolved" for r in _state(b)))
     assert _state(body)[0]["threshold"] == 0.5
     assert daemon.stop() == 0
+    with sqlite3.connect(daemon.config.parent / "state" / "specguard.db") as db:
+        done = db.execute(
+            "SELECT e.kind, r.action, r.status FROM action_runs r JOIN events e ON e.id = r.event_id ORDER BY r.id"
+        ).fetchall()
+    assert done == [("firing", "log", "ok"), ("resolved", "log", "ok")]  # resolving runs the actions too
+
+
+@pytest.mark.parametrize("how", ["config", "command line"])
+async def test_dry_run_records_every_run_as_skipped_and_runs_none(daemon: Daemon, how: str) -> None:
+    if how == "config":
+        daemon.config.write_text(daemon.config.read_text() + "dry_run: true\n")
+        daemon.start()
+    else:
+        daemon.start("--dry-run")
+    body = await daemon.wait_for(lambda b: any(r["state"] == "firing" for r in _state(b)))
+    assert body["dry_run"] is True
+    assert daemon.stop() == 0
+    runs = _runs(daemon.config.parent / "state")
+    assert [(r["action"], r["status"], r["reason"], r["attempts"]) for r in runs] == [
+        ("log", "skipped", "dry run", 0)
+    ]
+    assert not [line for line in daemon.logs() if line.get("logger") == "specguard.action.log"]
 
 
 async def test_a_target_that_refuses_connections_is_no_data_not_a_crash(
@@ -155,6 +190,49 @@ async def test_a_target_that_refuses_connections_is_no_data_not_a_crash(
         status, _health = await daemon.get("/healthz")
         assert status == 200
     finally:
+        assert daemon.stop() == 0
+
+
+async def test_healthz_turns_503_with_the_reason_when_rounds_stall_and_200_when_they_resume(
+    tmp_path: Path, unused_tcp_port_factory: Callable[[], int], aiohttp_server: Any
+) -> None:
+    """A Prometheus that stops answering holds every round (a 60 s query timeout) until it answers."""
+    answering = asyncio.Event()
+
+    async def query(_: Any) -> Any:
+        await answering.wait()
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    prometheus = await aiohttp_server(app, host="127.0.0.1")
+    port = unused_tcp_port_factory()
+    (tmp_path / "rules.yaml").write_text(RULES.format(condition="< 0.7"))
+    config = tmp_path / "specguard.yaml"
+    config.write_text(
+        f"port: {port}\nstate_dir: state\ninterval: 1s\n"
+        f"sources: {{prometheus: {{url: 'http://127.0.0.1:{prometheus.port}', timeout: 60s}}}}\n"
+        f"rules: [rules.yaml]\n"
+    )
+    daemon = Daemon(config, port, tmp_path / "specguard.log")
+    daemon.start()
+    try:
+        await daemon.wait_for(lambda b: True)  # listening
+        deadline = time.monotonic() + 60
+        while True:  # rounds stop at once; /healthz allows max(3 intervals, 10 s)
+            status, health = await daemon.get("/healthz")
+            if status == 503 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert status == 503, health
+        assert health["status"] == "stalled"
+        assert health["reason"].startswith("the 500ms rules last ran ")
+        answering.set()
+        await daemon.wait_for(lambda b: b["last_evaluation"] is not None)
+        status, health = await daemon.get("/healthz")
+        assert (status, health["status"]) == (200, "ok")
+    finally:
+        answering.set()
         assert daemon.stop() == 0
 
 

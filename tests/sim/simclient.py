@@ -17,8 +17,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from daemon.signals import DEFAULT_GROUP_BY, get_signal
 from daemon.sources.scrape import ScrapeSource
+from rules.signals import DEFAULT_GROUP_BY, get_signal
 from sim.options import SimOptions, SpeculativeConfig
 from sim.records import RequestRecord
 from sim.server import Simulator, start_simulator

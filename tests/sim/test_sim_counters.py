@@ -160,7 +160,7 @@ async def test_a_client_that_goes_away_is_counted_as_an_abort(session: aiohttp.C
             json={"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 500},
         ) as response:
             await response.content.readline()  # the first chunk: the request is running
-        for _ in range(100):  # the server notices at its next write
+        for _ in range(1000):  # the server notices at its next write (10 s on a busy machine)
             text = await metrics_text(session, sim)
             if value(text, "vllm:request_success_total", finished_reason="abort") == 1:
                 break
@@ -178,7 +178,8 @@ async def test_plain_decoding_yields_one_token_per_step(session: aiohttp.ClientS
 
 
 async def test_step_time_follows_the_cost_model() -> None:
-    """step_time x (1 + k c) x (1 + batch_slowdown x (running - 1)), measured between steps."""
+    """step_time x (1 + k c) x (1 + batch_slowdown x (running - 1)), as the engine recorded it for
+    every step it scheduled (when a busy machine let it run is another matter)."""
     options = SimOptions(
         port=0, step_time=0.01, speculative=speculative(4), draft_cost=0.25, batch_slowdown=0.5, seed=3
     )
@@ -189,17 +190,18 @@ async def test_step_time_follows_the_cost_model() -> None:
             together = await asyncio.gather(
                 *(completion(session, sim, max_tokens=40, ignore_eos=True) for _ in range(3))
             )
-        gaps_alone = _step_gaps(record_of(sim, alone["id"]).steps)
-        gaps_together = _step_gaps(record_of(sim, together[0]["id"]).steps)
+        records = [record_of(sim, r["id"]) for r in (alone, *together)]
     finally:
         await sim.stop()
-    # 10 ms x (1 + 4 x 0.25) = 20 ms alone; x (1 + 0.5 x 2) = 40 ms with three running. The loop keeps
-    # a fixed cadence, so the mean is exact up to scheduling noise; 25% leaves room for a busy CI.
-    assert abs(gaps_alone - 0.020) < 0.005, gaps_alone
-    assert abs(gaps_together - 0.040) < 0.010, gaps_together
-
-
-def _step_gaps(steps: list[StepRecord]) -> float:
-    decode = steps[1:-1]  # skip the prefill step and a possibly shorter last batch
-    times = [step.time for step in decode]
-    return (times[-1] - times[0]) / (len(times) - 1)
+    # One engine step serves every request that has a step at its time.
+    steps: dict[float, list[StepRecord]] = {}
+    for record in records:
+        for step in record.steps:
+            steps.setdefault(step.time, []).append(step)
+    decode_only = [group for group in steps.values() if all(step.draft_tokens for step in group)]
+    costs = {(len(group), round(group[0].cost, 9)) for group in decode_only}
+    # 10 ms x (1 + 4 x 0.25) = 20 ms alone; x (1 + 0.5 x (n - 1)) with n running
+    assert costs <= {(n, round(0.020 * (1 + 0.5 * (n - 1)), 9)) for n in (1, 2, 3)}, costs
+    assert {(1, 0.02), (3, 0.04)} <= costs
+    prefill_with_decode = [group for group in steps.values() if len({s.draft_tokens for s in group}) > 1]
+    assert all(group[0].cost > 0.02 for group in prefill_with_decode)  # a prompt's prefill costs more

@@ -68,7 +68,7 @@ async def test_each_engine_has_its_own_kv_cache_and_scenario_events_can_name_one
     path.write_text("timeline:\n  - at: 0s\n    engine: 1\n    kv_usage: 0.99\n")
     async with running(data_parallel_size=2, scenario=load_scenario(path)) as sim:
         text = ""
-        for _ in range(100):  # the scenario task applies its first event once the loop runs it
+        for _ in range(1000):  # the scenario task applies its first event once the loop runs it
             text = await metrics_text(session, sim)
             if value(text, "vllm:kv_cache_usage_perc", engine="1") > 0:
                 break

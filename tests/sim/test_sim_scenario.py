@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 
@@ -33,60 +32,65 @@ def _scenario(tmp_path: Path, text: str) -> Path:
     return path
 
 
-async def _until(loop_time: float) -> None:
-    await asyncio.sleep(max(loop_time - asyncio.get_running_loop().time(), 0.0))
-
-
-async def _keep_busy(session: aiohttp.ClientSession, sim: Simulator, workers: int) -> None:
-    async def worker() -> None:
-        while True:
-            await chat(session, sim, max_tokens=24, ignore_eos=True, temperature=0)
-
-    await asyncio.gather(*(worker() for _ in range(workers)))
-
-
 async def test_acceptance_drops_after_the_timeline_says_so(
     session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    scenario = load_scenario(_scenario(tmp_path, "timeline:\n  - at: 1s\n    acceptance: 0.1\n"))
+    """Traffic before the change and traffic after it, each measured through /metrics. What is
+    compared with what is decided by the times the simulator recorded, not by when the test hoped
+    its requests would run: the scrapes measure exactly the drafts of their phase (ground truth), and
+    the drafts before and after the recorded change follow the old and the new acceptance."""
+    scenario = load_scenario(_scenario(tmp_path, "timeline:\n  - at: 2s\n    acceptance: 0.1\n"))
     k, before, after = 3, 0.9, 0.1
     async with running(speculative=speculative(k), acceptance_by_position=[before], scenario=scenario) as sim:
-        start, start_wall = asyncio.get_running_loop().time(), time.time()  # the scenario's clock
-        busy = asyncio.create_task(_keep_busy(session, sim, workers=8))
-        try:
-            ahead = await measure(sim, _until(start + 0.9))  # scrapes at ~0.0 s and 0.9 s
-            await _until(start + 1.1)
-            behind = await measure(sim, _until(start + 2.0))  # scrapes at ~1.1 s and 2.0 s
-        finally:
-            busy.cancel()
-            with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
-                await busy
-        times = [s.time - start_wall for r in sim.ground_truth() for s in r.steps if s.draft_tokens]
-    # Tolerances from the drafts in each window (counted from the ground truth, so approximately:
-    # the windows' edges are the scrapes'), 4 standard deviations each as in test_sim_acceptance.
-    drafts_ahead = sum(1 for t in times if t < 0.9)
-    drafts_behind = sum(1 for t in times if 1.1 <= t <= 2.0)
-    assert min(drafts_ahead, drafts_behind) > 300
-    expected_ahead = expected_acceptance_rate(before, k)  # 0.81
-    expected_behind = expected_acceptance_rate(after, k)  # 0.037
-    assert abs(ahead.acceptance_rate - expected_ahead) < four_sigma_rate(before, k, drafts_ahead), ahead
-    assert abs(behind.acceptance_rate - expected_behind) < four_sigma_rate(after, k, drafts_behind), behind
+        ahead = await measure(sim, _requests(session, sim, 40))
+        first = {r.id for r in sim.ground_truth()}
+        while not sim.engine.acceptance_changes:  # the scenario applies its event on its own clock
+            await asyncio.sleep(0.05)
+        behind = await measure(sim, _requests(session, sim, 40))
+        truth = sim.ground_truth()
+    ((changed_at, values),) = sim.engine.acceptance_changes
+    assert values == [after]
+    phase_a = [r for r in truth if r.id in first]
+    phase_b = [r for r in truth if r.id not in first]
+    for measured, phase in ((ahead, phase_a), (behind, phase_b)):  # /metrics says exactly what happened
+        counted = sum(r.accepted_tokens for r in phase) / sum(r.draft_tokens for r in phase)
+        assert measured.acceptance_rate == pytest.approx(counted, rel=1e-12)
+    drafts = [s for r in truth for s in r.steps if s.draft_tokens]
+    early = [s for s in drafts if s.time < changed_at]
+    late = [s for s in drafts if s.time >= changed_at]
+    assert len(late) >= 300 and min(s.time for s in late) >= changed_at
+    for steps, alpha in ((early, before), (late, after)):
+        rate = sum(s.accepted for s in steps) / sum(s.draft_tokens for s in steps)
+        assert abs(rate - expected_acceptance_rate(alpha, k)) < four_sigma_rate(alpha, k, len(steps)), (
+            alpha,
+            rate,
+        )
+
+
+async def _requests(session: aiohttp.ClientSession, sim: Simulator, count: int) -> None:
+    await asyncio.gather(
+        *(chat(session, sim, max_tokens=24, ignore_eos=True, temperature=0) for _ in range(count))
+    )
 
 
 async def test_a_kv_usage_ramp_raises_the_reported_usage_linearly(
     session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    path = _scenario(tmp_path, "timeline:\n  - at: 0.2s\n    kv_usage: {to: 0.9, over: 0.6s}\n")
+    """Every reading lies on the line from 0 to 0.9 between the times it was asked and answered."""
+    path = _scenario(tmp_path, "timeline:\n  - at: 0s\n    kv_usage: {to: 0.9, over: 1s}\n")
     async with running(scenario=load_scenario(path)) as sim:
-        start = asyncio.get_running_loop().time()
-        idle = value(await metrics_text(session, sim), "vllm:kv_cache_usage_perc")
-        await _until(start + 0.5)
-        halfway = value(await metrics_text(session, sim), "vllm:kv_cache_usage_perc")
-        await _until(start + 0.9)
-        full = value(await metrics_text(session, sim), "vllm:kv_cache_usage_perc")
-    assert idle == 0
-    assert 0.3 < halfway < 0.6  # 0.45 at 0.5 s; the window allows for scheduling delay
-    assert full == 0.9
+        readings = []
+        while not readings or readings[-1][2] < 0.9:
+            asked = time.monotonic()
+            usage = value(await metrics_text(session, sim), "vllm:kv_cache_usage_perc")
+            readings.append((asked, time.monotonic(), usage))
+            await asyncio.sleep(0.02)
+        ramp = sim.engine.kv_usage_floor_ramp
+    assert ramp is not None and (ramp.start_value, ramp.end_value) == (0.0, 0.9)
+    assert ramp.end - ramp.start == pytest.approx(1.0, abs=1e-9)
+    for asked, answered, usage in readings:
+        assert ramp.at(asked) - 1e-9 <= usage <= ramp.at(answered) + 1e-9, (asked, answered, usage)
+    assert any(0 < usage < 0.9 for _, _, usage in readings)  # it climbs, it does not jump
 
 
 async def test_die_closes_the_port_and_cuts_streams(session: aiohttp.ClientSession, tmp_path: Path) -> None:

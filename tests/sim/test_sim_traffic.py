@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import start_simulator
@@ -22,9 +24,9 @@ async def test_concurrent_workers_count_every_token_the_server_served() -> None:
     traffic = Traffic(sim.url, "tiny-llama", concurrency=4, max_tokens=32, temperature=0)
     try:
         await traffic.start()
-        await asyncio.sleep(1.0)
+        await _until(lambda: traffic.stats.requests >= 20)
         traffic.temperature = 1.5  # may change while running
-        await asyncio.sleep(0.5)
+        await _until(lambda: any(r.temperature == 1.5 and r.finish_reason for r in sim.ground_truth()))
         await traffic.stop()
         finished = [r for r in sim.ground_truth() if r.finish_reason in ("length", "stop")]
         assert traffic.stats.requests >= 20
@@ -43,8 +45,18 @@ async def test_concurrent_workers_count_every_token_the_server_served() -> None:
 
 async def test_a_server_that_is_down_counts_errors_without_spinning(unused_tcp_port: int) -> None:
     traffic = Traffic(f"http://127.0.0.1:{unused_tcp_port}", "tiny-llama", concurrency=2)
+    started = time.monotonic()
     await traffic.start()
     await asyncio.sleep(1.2)
     await traffic.stop()
-    assert 2 <= traffic.stats.errors <= 8
+    elapsed = time.monotonic() - started
+    # Each worker waits 0.5 s after a failure: at most one try per half second, however slow we were.
+    assert 2 <= traffic.stats.errors <= traffic.concurrency * (elapsed / 0.5 + 1)
     assert traffic.stats.requests == 0
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)

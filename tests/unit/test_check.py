@@ -149,7 +149,7 @@ def test_the_default_config_is_valid(capsys: pytest.CaptureFixture[str]) -> None
     assert "error(s)" not in err
 
 
-def test_the_shipped_latency_rule_without_a_baseline_is_only_a_warning(
+def test_the_shipped_rules_that_need_a_baseline_are_only_warnings_without_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out, err = check(capsys)
@@ -157,11 +157,15 @@ def test_the_shipped_latency_rule_without_a_baseline_is_only_a_warning(
     assert out.startswith("OK:")
     assert error_lines(err) == []
     warnings = warning_lines(err)
-    assert len(warnings) == 1, err
+    assert len(warnings) == 2, err
     assert re.fullmatch(
         r"builtin:speculative:\d+: warning: rules\[3\]\.condition: "
         r"refers to the baseline, but no baseline file is configured.*",
         warnings[0],
+    )
+    assert re.fullmatch(
+        r"builtin:speculative:\d+: warning: rules\[5\]\.signal: estimated_speedup needs the draft's cost .*",
+        warnings[1],
     )
 
 
@@ -283,6 +287,33 @@ def test_group_by_on_an_expr_rule_is_rejected(capsys: pytest.CaptureFixture[str]
     assert_one_error(code, err, "rules.yaml:5: rules[0].group_by: ")
 
 
+@pytest.mark.parametrize(
+    ("match", "message"),
+    [
+        ('{position: {"=~": "(0"}}', "position=~'(0': invalid regular expression"),
+        ('{position: {"~": "0"}}', "unknown matcher operator '~'; use one of =, !=, =~, !~"),
+        ('{"0bad": "1"}', "'0bad' is not a label name"),
+        ('"position=0"', "`match` is a mapping of label: value"),
+    ],
+)
+def test_bad_label_matchers_name_the_rule_and_line(
+    capsys: pytest.CaptureFixture[str], match: str, message: str
+) -> None:
+    code, _, err = check_rules(capsys, ONE_RULE + f"    match: {match}\n")
+    assert code == 1
+    (line,) = error_lines(err)
+    assert line.startswith("rules.yaml:5: rules[0].match: "), line
+    assert message in line
+
+
+def test_match_on_an_expr_rule_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    rules = 'rules:\n  - name: raw\n    expr: up\n    condition: "< 1"\n    match: {job: vllm}\n'
+    _, _, err = check_rules(capsys, rules, PROMETHEUS_CONFIG)
+    assert error_lines(err) == [
+        "rules.yaml:5: rules[0].match: match applies to signals; write the selector in expr"
+    ]
+
+
 def test_duplicate_rule_names_across_two_files(capsys: pytest.CaptureFixture[str]) -> None:
     write("cfg.yaml", "rules:\n  - first.yaml\n  - second.yaml\n")
     write("first.yaml", ONE_RULE)
@@ -330,7 +361,7 @@ def test_a_rule_glob_that_matches_nothing(capsys: pytest.CaptureFixture[str]) ->
     write("cfg.yaml", "rules:\n  - builtin:speculative\n  - missing/*.yaml\n")
     code, _, err = check(capsys, "--config", "cfg.yaml")
     assert code == 1
-    assert len(warning_lines(err)) == 1  # the shipped latency rule, no baseline
+    assert len(warning_lines(err)) == 2  # the shipped latency and speedup rules, no baseline
     assert error_lines(err) == ["cfg.yaml:3: rules[1]: no rule file matches 'missing/*.yaml'"]
 
 
@@ -522,7 +553,7 @@ def test_paths_in_the_config_are_relative_to_the_config_directory(
     assert loaded.config.baseline == etc / "baseline.json"
     assert loaded.config.state_dir == etc / "state"
     assert loaded.baseline is not None
-    assert loaded.baseline.signals == {"e2e_latency_p95": 1.84, "ttft_p95": 0.21}
+    assert loaded.baseline.value({}, "e2e_latency_p95") == 1.84  # version 1, no model: the default
     assert sorted(loaded.actions) == ["log", "notify"]
     mine = [r for r in loaded.rules if r.file == str(etc / "rules.yaml")]
     assert [(r.name, r.line) for r in mine] == [("my_acceptance_low", 2), ("my_latency_regression", 8)]

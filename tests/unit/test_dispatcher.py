@@ -183,3 +183,42 @@ async def test_a_database_from_a_newer_specguard_is_refused(tmp_path: Path) -> N
     with pytest.raises(RuntimeError, match="newer specguard"):
         await newer.open()
     await newer.close()
+
+
+V1_SERIES_STATE = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '1');
+CREATE TABLE series_state (
+    rule TEXT NOT NULL, series TEXT NOT NULL, labels TEXT NOT NULL, state TEXT NOT NULL,
+    since REAL, breach_since REAL, last_breach REAL, consecutive INTEGER NOT NULL,
+    verdict TEXT, value REAL, threshold REAL, error TEXT, last_eval REAL,
+    PRIMARY KEY (rule, series)
+);
+INSERT INTO series_state VALUES
+    ('low', '{"instance":"a"}', '{"instance": "a"}', 'firing', 10, 5, 10, 3, 'breach', 0.2, 0.5, NULL, 10);
+"""
+
+
+async def test_a_database_from_the_previous_version_is_upgraded_and_keeps_its_states(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "specguard.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(V1_SERIES_STATE)
+    store = Store(path)
+    await store.open()
+    try:
+        states = await store.load_states()
+        (series,) = states["low"].values()
+        assert (series.state, series.since, series.ok_since, series.last_seen) == (
+            State.FIRING,
+            10,
+            None,
+            None,
+        )
+        await store.commit_evaluation("low", {"k": SeriesState(labels={}, last_seen=12.0)}, [])
+        assert (await store.load_states())["low"]["k"].last_seen == 12.0
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)

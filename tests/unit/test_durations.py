@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from daemon.durations import Duration, format_duration, parse_duration
+from rules.durations import Duration, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

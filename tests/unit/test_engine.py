@@ -17,9 +17,10 @@ from daemon.engine import (
     evaluate,
     series_key,
 )
-from daemon.sources.base import Series, SourceResult
+from daemon.sources.base import Invalid, Series, SourceResult
 from rules.conditions import parse_condition
 from rules.schema import NoDataPolicy
+from rules.signals import get_signal
 
 A = {"instance": "a:8000", "model_name": "m"}
 B = {"instance": "b:8000", "model_name": "m"}
@@ -130,20 +131,29 @@ def test_a_firing_series_resolves_on_the_first_ok_evaluation() -> None:
     assert clock.state() is State.RESOLVED
 
 
-def test_keep_firing_for_keeps_firing_through_a_short_ok_spell_and_resolves_after_it() -> None:
+def test_keep_firing_for_counts_from_the_first_ok_evaluation_as_prometheus_does() -> None:
     clock = Clock(spec(keep_firing_for=60))
     clock.at(0, data((A, LOW)))
     assert clock.state() is State.FIRING
-    assert clock.at(15, data((A, HIGH))).events == []
+    assert clock.at(15, data((A, HIGH))).events == []  # ok since 15
     assert clock.at(45, data((A, HIGH))).events == []
     assert clock.state() is State.FIRING
-    # a breach inside the spell keeps it firing and restarts the keep timer, with no new event
+    # a breach inside the spell keeps it firing, with no new event, and ends the ok spell
     assert clock.at(50, data((A, LOW))).events == []
-    assert clock.at(100, data((A, HIGH))).events == []
+    assert clock.at(100, data((A, HIGH))).events == []  # ok again since 100
+    assert clock.at(155, data((A, HIGH))).events == []
     assert clock.state() is State.FIRING
-    resolved = clock.at(110, data((A, HIGH)))  # 60s after the last breach at 50
+    resolved = clock.at(160, data((A, HIGH)))  # 60s after the first ok evaluation at 100
     assert kinds(resolved.events) == [State.RESOLVED]
     assert clock.state() is State.RESOLVED
+
+
+def test_keep_firing_for_one_interval_resolves_on_the_second_ok_evaluation() -> None:
+    """keep_firing_for: 15s at a 15 s interval is not a no-op: one ok evaluation is not enough."""
+    clock = Clock(spec(keep_firing_for=15))
+    clock.at(0, data((A, LOW)))
+    assert clock.at(15, data((A, HIGH))).events == []
+    assert kinds(clock.at(30, data((A, HIGH))).events) == [State.RESOLVED]
 
 
 def test_consecutive_needs_that_many_breaching_evaluations_in_a_row_even_with_for_zero() -> None:
@@ -331,34 +341,139 @@ def test_the_missing_series_resolves_and_is_forgotten_when_real_data_returns() -
 # --- series that disappear -----------------------------------------------------------------------
 
 
-def test_a_firing_series_that_is_gone_while_others_have_data_resolves_then_is_forgotten() -> None:
-    clock = Clock(spec(keep_firing_for=600, no_data=NoDataPolicy.KEEP))
+def test_a_series_that_goes_quiet_while_others_report_follows_no_data_keep() -> None:
+    clock = Clock(spec(no_data=NoDataPolicy.KEEP))
+    clock.at(0, data((A, LOW), (B, LOW)))
+    assert (clock.state(KEY_A), clock.state(KEY_B)) == (State.FIRING, State.FIRING)
+    quiet = clock.at(15, data((B, LOW)))  # A idle: no drafts, so no value
+    assert quiet.events == []
+    assert quiet.verdicts == {KEY_B: Verdict.BREACH, KEY_A: Verdict.NO_DATA}
+    assert clock.state(KEY_A) is State.FIRING  # not resolved because B still reports
+
+
+def test_a_series_that_goes_quiet_keeps_firing_through_keep_firing_for_under_no_data_ok() -> None:
+    clock = Clock(spec(no_data=NoDataPolicy.OK, keep_firing_for=30))
     clock.at(0, data((A, LOW), (B, HIGH)))
-    assert clock.state(KEY_A) is State.FIRING
-    gone = clock.at(15, data((B, HIGH)))
-    # gone ignores keep_firing_for and no_data: the series no longer exists
-    assert [(e.kind, e.previous, e.series) for e in gone.events] == [(State.RESOLVED, State.FIRING, KEY_A)]
-    assert gone.verdicts == {KEY_B: Verdict.OK, KEY_A: Verdict.NO_DATA}
-    assert clock.state(KEY_A) is State.RESOLVED
-    later = clock.at(30, data((B, HIGH)))
-    assert set(later.states) == {KEY_B}
-    assert later.events == []
+    assert clock.at(15, data((B, HIGH))).events == []  # ok for A since 15
+    assert kinds(clock.at(45, data((B, HIGH))).events) == [State.RESOLVED]
 
 
-def test_a_pending_series_that_is_gone_goes_inactive_then_is_forgotten() -> None:
-    clock = Clock(spec(for_seconds=60))
-    clock.at(0, data((A, LOW), (B, HIGH)))
-    gone = clock.at(15, data((B, HIGH)))
-    assert [(e.kind, e.series) for e in gone.events] == [(State.INACTIVE, KEY_A)]
-    assert set(clock.at(30, data((B, HIGH))).states) == {KEY_B}
-
-
-def test_an_inactive_series_that_is_gone_is_forgotten_at_once_without_events() -> None:
-    clock = Clock(spec())
+def test_a_vanished_instance_alerts_under_no_data_breach_while_the_rest_of_the_fleet_reports() -> None:
+    clock = Clock(spec(no_data=NoDataPolicy.BREACH, for_seconds=30))
     clock.at(0, data((A, HIGH), (B, HIGH)))
-    outcome = clock.at(15, data((B, HIGH)))
+    clock.at(15, data((B, HIGH)))  # A's vLLM died
+    assert clock.state(KEY_A) is State.PENDING
+    fired = clock.at(45, data((B, HIGH)))
+    assert [(e.kind, e.series) for e in fired.events] == [(State.FIRING, KEY_A)]
+    assert clock.state(KEY_B) is State.INACTIVE
+
+
+def test_a_series_absent_for_forget_after_is_closed_out_and_forgotten() -> None:
+    clock = Clock(spec(forget_after=300))
+    clock.at(0, data((A, LOW), (B, HIGH)))
+    assert clock.at(299, data((B, HIGH))).events == []
+    assert clock.state(KEY_A) is State.FIRING
+    gone = clock.at(300, data((B, HIGH)))
+    assert [(e.kind, e.previous, e.series, e.value) for e in gone.events] == [
+        (State.RESOLVED, State.FIRING, KEY_A, None)
+    ]
+    assert gone.forgotten == [KEY_A]
+    assert set(gone.states) == {KEY_B}
+
+
+def test_a_pending_series_is_closed_as_inactive_and_an_inactive_one_silently_when_forgotten() -> None:
+    clock = Clock(spec(for_seconds=600, forget_after=60))
+    clock.at(0, data((A, LOW), (B, HIGH)))
+    gone = clock.at(60, EMPTY)
+    assert [(e.kind, e.series) for e in gone.events] == [(State.INACTIVE, KEY_A)]
+    assert sorted(gone.forgotten) == sorted([KEY_A, KEY_B])
+    assert gone.states == {}
+
+
+def test_a_known_series_ages_from_the_last_time_the_source_knew_it() -> None:
+    clock = Clock(spec(forget_after=100))
+    clock.at(0, data((A, LOW)))
+    clock.at(90, data((A, LOW)))
+    assert clock.at(150, EMPTY).forgotten == []  # 60 s since last seen at 90
+    assert clock.at(190, EMPTY).forgotten == [KEY_A]
+
+
+# --- warming up -----------------------------------------------------------------------------------
+
+
+def warming(*instances: str, result: SourceResult = EMPTY) -> SourceResult:
+    return SourceResult(series=result.series, warming=frozenset(instances))
+
+
+def test_a_warming_source_changes_no_state_even_with_no_data_breach() -> None:
+    clock = Clock(spec(no_data=NoDataPolicy.BREACH))
+    outcome = clock.at(0, warming("a:8000", "b:8000"))
+    assert (outcome.states, outcome.events) == ({}, [])  # nothing is missing yet
+
+
+def test_a_restored_firing_series_neither_resolves_nor_fires_again_while_its_target_warms_up() -> None:
+    restored = Clock(spec(no_data=NoDataPolicy.OK))
+    restored.at(0, data((A, LOW), (B, LOW)))
+    after_restart = Clock(spec(no_data=NoDataPolicy.OK), restored.states)
+    # the fast target answers; the slow one has not got its second sample yet
+    outcome = after_restart.at(100, warming("a:8000", result=data((B, LOW))))
     assert outcome.events == []
-    assert set(outcome.states) == {KEY_B}
+    assert outcome.verdicts == {KEY_B: Verdict.BREACH, KEY_A: Verdict.WARMING_UP}
+    assert after_restart.state(KEY_A) is State.FIRING
+    assert after_restart.at(115, data((A, LOW), (B, LOW))).events == []
+
+
+def test_a_series_grouped_across_targets_waits_for_every_target() -> None:
+    everyone = {"model_name": "m"}
+    clock = Clock(spec(no_data=NoDataPolicy.OK))
+    clock.at(0, data((everyone, LOW)))
+    outcome = clock.at(15, warming("b:8000", result=data((everyone, HIGH))))
+    assert outcome.verdicts == {series_key(everyone): Verdict.WARMING_UP}  # a sum over one target of two
+    assert outcome.events == []
+
+
+# --- gaps, thresholds per series, impossible values ----------------------------------------------------
+
+
+def test_a_gap_in_the_data_longer_than_max_gap_restarts_the_for_clock() -> None:
+    clock = Clock(spec(for_seconds=600, max_gap=315, no_data=NoDataPolicy.KEEP))
+    clock.at(0, data((A, LOW)))  # midnight
+    clock.at(15, EMPTY)
+    late = clock.at(8 * 3600, data((A, LOW)))  # 8 a.m.: not eight hours of breach
+    assert late.events == []
+    assert clock.states[KEY_A].breach_since == 8 * 3600
+    assert clock.at(8 * 3600 + 300, data((A, LOW))).events == []
+    assert kinds(clock.at(8 * 3600 + 600, data((A, LOW))).events) == [State.FIRING]
+
+
+def test_a_short_gap_keeps_the_for_clock() -> None:
+    clock = Clock(spec(for_seconds=60, max_gap=315, no_data=NoDataPolicy.KEEP))
+    clock.at(0, data((A, LOW)))
+    clock.at(15, EMPTY)
+    assert kinds(clock.at(60, data((A, LOW))).events) == [State.FIRING]
+
+
+def test_a_threshold_per_series_and_an_error_for_a_series_it_cannot_be_found_for() -> None:
+    def per_model(labels: Mapping[str, str]) -> float | str:
+        return 0.3 if labels["instance"] == "a:8000" else "the baseline has no entry for model 'x'"
+
+    clock = Clock(spec())
+    outcome = clock.at(0, data((A, 0.2), (B, 0.2)), per_model)
+    assert outcome.verdicts == {KEY_A: Verdict.BREACH, KEY_B: Verdict.ERROR}
+    assert clock.state(KEY_B) is State.INACTIVE
+    assert clock.states[KEY_B].error == "the baseline has no entry for model 'x'"
+    assert clock.states[KEY_A].threshold == 0.3
+    assert outcome.error is None
+
+
+def test_an_impossible_value_is_an_error_for_its_series_never_a_breach() -> None:
+    clock = Clock(spec())
+    clock.at(0, data((A, HIGH)))
+    bad = SourceResult(invalid=(Invalid(A, "acceptance_rate = -131 is impossible"),))
+    outcome = clock.at(15, bad)
+    assert outcome.verdicts == {KEY_A: Verdict.ERROR}
+    assert (outcome.events, clock.state(KEY_A)) == ([], State.INACTIVE)
+    assert clock.states[KEY_A].error == "acceptance_rate = -131 is impossible"
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -466,3 +581,19 @@ def test_series_key_is_independent_of_label_order() -> None:
 def test_a_nan_value_is_no_data_for_that_series() -> None:
     result = SourceResult.of([(A, float("nan")), (B, float("inf")), ({"x": "1"}, 0.1)])
     assert result.series == (Series({"x": "1"}, 0.1),)
+
+
+def test_values_outside_a_signals_domain_are_invalid_and_a_quantiles_nan_is_no_data() -> None:
+    rate = SourceResult.checked(get_signal("acceptance_rate"), [(A, -131.0), (B, 1.5), ({"x": "1"}, 0.4)])
+    assert rate.series == (Series({"x": "1"}, 0.4),)
+    assert [(dict(i.labels), i.reason.split(" is ")[0]) for i in rate.invalid] == [
+        (A, "acceptance_rate = -131"),
+        (B, "acceptance_rate = 1.5"),
+    ]
+    running = SourceResult.checked(get_signal("running_requests"), [(A, -5.0), (B, float("inf"))])
+    assert [i.reason for i in running.invalid] == [
+        "running_requests = -5 is impossible (must be >= 0): check the target's /metrics",
+        "running_requests is inf (not a number vLLM can give)",
+    ]
+    quantile = SourceResult.checked(get_signal("e2e_latency_p95"), [(A, float("nan"))])
+    assert quantile == SourceResult()  # no observations in the window

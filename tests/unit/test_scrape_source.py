@@ -4,109 +4,44 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from daemon.signals import DEFAULT_GROUP_BY, get_signal
 from daemon.sources.base import SourceResult
 from daemon.sources.scrape import ScrapeSource, bucket_quantile, counter_rate, instance_label
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-SELF_DRAFT = (FIXTURES / "vllm-0.32.0-cpu-metrics-self-draft.prom").read_text()
-REJECTING = (FIXTURES / "vllm-0.32.0-cpu-metrics-rejecting-draft.prom").read_text()
-
-TARGET = "http://127.0.0.1:8000/metrics"
-INSTANCE = "127.0.0.1:8000"
-MODEL = "tiny-llama"
-
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GENERATED = "vllm:generation_tokens_total"
-KV_CACHE = "vllm:kv_cache_usage_perc"
-E2E = "vllm:e2e_request_latency_seconds"
-ITL = "vllm:inter_token_latency_seconds"
-
-
-# --- building expositions ------------------------------------------------------------------------
-
-_SAMPLE = re.compile(r"^(?P<name>[^\s{]+)(?P<labels>\{[^}]*\})? (?P<value>\S+)$")
-
-
-def rewrite(text: str, name: str, change: Callable[[float], float], **labels: str) -> str:
-    """``text`` with every ``name`` sample carrying ``labels`` passed through ``change``."""
-    lines, hits = [], 0
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match["name"] == name:
-            label_text = match["labels"] or ""
-            if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
-                line = f"{name}{label_text} {change(float(match['value']))!r}"
-                hits += 1
-        lines.append(line)
-    assert hits, f"no {name} sample with {labels} in the text"
-    return "\n".join(lines) + "\n"
-
-
-def add(text: str, name: str, delta: float, **labels: str) -> str:
-    return rewrite(text, name, lambda value: value + delta, **labels)
-
-
-def set_value(text: str, name: str, value: float, **labels: str) -> str:
-    return rewrite(text, name, lambda _: value, **labels)
-
-
-def add_many(text: str, deltas: dict[str, float], **labels: str) -> str:
-    for name, delta in deltas.items():
-        text = add(text, name, delta, **labels)
-    return text
-
-
-def add_per_position(text: str, deltas: Sequence[float], **labels: str) -> str:
-    for position, delta in enumerate(deltas):
-        text = add(text, PER_POS, delta, position=str(position), **labels)
-    return text
-
-
-def observe(text: str, histogram: str, observations: Sequence[float], **labels: str) -> str:
-    """``text`` after ``histogram`` observed ``observations`` (cumulative buckets, count, sum)."""
-    bounds = set(re.findall(rf'^{re.escape(histogram)}_bucket\{{[^}}]*le="([^"]+)"', text, re.M))
-    assert bounds, f"no buckets for {histogram}"
-    for le in bounds:
-        below = sum(1 for value in observations if value <= float(le))
-        text = add(text, f"{histogram}_bucket", below, le=le, **labels)
-    text = add(text, f"{histogram}_count", len(observations), **labels)
-    return add(text, f"{histogram}_sum", sum(observations), **labels)
-
-
-def with_engine_one(text: str) -> str:
-    """A data-parallel server: every engine-0 series also exists for engine 1, same values."""
-    lines = []
-    for line in text.splitlines():
-        lines.append(line)
-        if 'engine="0"' in line and not line.startswith("#"):
-            lines.append(line.replace('engine="0"', 'engine="1"'))
-    return "\n".join(lines) + "\n"
-
+from rules.signals import DEFAULT_GROUP_BY, get_signal
+from tests.pages import (
+    ACCEPTED,
+    DRAFT_TOKENS,
+    DRAFTS,
+    E2E,
+    GENERATED,
+    INSTANCE,
+    ITL,
+    KV_CACHE,
+    MODEL,
+    PER_POS,
+    REJECTING,
+    RUNNING,
+    SELF_DRAFT,
+    TARGET,
+    WAITING,
+    Clock,
+    add,
+    add_many,
+    add_per_position,
+    observe,
+    set_value,
+    with_engine_one,
+)
 
 # --- querying ------------------------------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_source(clock: Clock, targets: Sequence[str] = (TARGET,), **kwargs: Any) -> ScrapeSource:
@@ -236,9 +171,10 @@ def test_counter_rate_treats_a_decrease_as_a_restart_from_zero() -> None:
 # --- windows and missing data --------------------------------------------------------------------
 
 
-async def test_fewer_than_two_samples_in_the_window_is_no_data() -> None:
+async def test_one_sample_is_warming_up_and_two_too_far_apart_for_the_window_are_no_data() -> None:
     clock = Clock()
     source = make_source(clock)
+    before = await source.query_signal(get_signal("acceptance_rate"), 60.0, DEFAULT_GROUP_BY)
     source.ingest(TARGET, SELF_DRAFT, clock.now)
 
     one = await source.query_signal(get_signal("acceptance_rate"), 60.0, DEFAULT_GROUP_BY)
@@ -246,8 +182,8 @@ async def test_fewer_than_two_samples_in_the_window_is_no_data() -> None:
     source.ingest(TARGET, add(SELF_DRAFT, DRAFT_TOKENS, 5), clock.now)
     first_left_the_window = await source.query_signal(get_signal("acceptance_rate"), 60.0, DEFAULT_GROUP_BY)
 
-    assert one == SourceResult()
-    assert first_left_the_window == SourceResult()
+    assert before == one == SourceResult(warming=frozenset({INSTANCE}))  # no rate can exist yet
+    assert first_left_the_window == SourceResult()  # the target can answer; the window has no rate
     assert await query(source, "acceptance_rate", window=120.0) == {SERIES: 0.0}
 
 
@@ -363,14 +299,23 @@ async def test_kv_cache_usage_is_averaged_over_the_window() -> None:
     assert await query(source, "kv_cache_usage", window=5.0) == {SERIES: pytest.approx(0.9)}
 
 
-async def test_gauges_of_several_engines_are_averaged() -> None:
+async def test_the_fullest_engine_is_the_kv_usage_and_queues_add_up() -> None:
     clock = Clock()
     source = make_source(clock)
-    text = set_value(with_engine_one(SELF_DRAFT), KV_CACHE, 0.6, engine="1")
-    text = set_value(text, KV_CACHE, 0.2, engine="0")
+    text = set_value(with_engine_one(SELF_DRAFT), KV_CACHE, 0.99, engine="1")
+    text = set_value(text, KV_CACHE, 0.10, engine="0")
+    text = set_value(set_value(text, WAITING, 7, engine="0"), WAITING, 3, engine="1")
+    text = set_value(set_value(text, RUNNING, 2, engine="0"), RUNNING, 5, engine="1")
     source.ingest(TARGET, text, clock.now)
 
-    assert await query(source, "kv_cache_usage") == {SERIES: pytest.approx(0.4)}
+    assert await query(source, "kv_cache_usage") == {SERIES: pytest.approx(0.99)}  # not the mean, 0.545
+    assert await query(source, "waiting_requests") == {SERIES: 10.0}
+    assert await query(source, "running_requests") == {SERIES: 7.0}
+    per_engine = await query(source, "kv_cache_usage", group_by=("instance", "engine"))
+    assert per_engine == {
+        (("engine", "0"), ("instance", INSTANCE)): pytest.approx(0.10),
+        (("engine", "1"), ("instance", INSTANCE)): pytest.approx(0.99),
+    }
 
 
 async def test_kv_cache_usage_falls_back_to_the_pre_0_12_name() -> None:
@@ -629,7 +574,9 @@ async def test_http_errors_and_garbage_are_recorded_per_target(aiohttp_server: A
     broken = Vllm((500, "engine dead"))
     garbage = Vllm((200, "<html><body>login</body></html>"))
     base = await serve(aiohttp_server, broken=broken.handle, garbage=garbage.handle)
-    source = make_source(Clock(), targets=[f"{base}/broken", f"{base}/garbage"])
+    source = make_source(
+        Clock(), targets=[f"{base}/broken", f"{base}/garbage"], names={f"{base}/garbage": "garbage"}
+    )
     try:
         await source.refresh()
         assert source.last_errors[f"{base}/broken"] == "HTTP 500 Internal Server Error"

@@ -1,0 +1,87 @@
+"""What the daemon says about itself: health (is every rule evaluated on schedule?) and status rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from daemon import __version__
+from daemon.engine import SeriesState, State
+from daemon.loading import LoadedRule
+from rules.durations import format_duration
+
+# A round is late when it has not happened for this many of its intervals (at least MIN_STALL).
+STALL_INTERVALS = 3
+MIN_STALL = 10.0
+
+
+def health(
+    due: Mapping[float, float | None], started_at: float, now: float, rules: int
+) -> tuple[bool, dict[str, Any]]:
+    """Healthy while every evaluation interval ran within ``STALL_INTERVALS`` of its interval.
+
+    ``due`` maps each interval in use to the time its last round finished (None: not yet).
+    """
+    late = []
+    for interval, last in sorted(due.items()):
+        allowed = max(STALL_INTERVALS * interval, MIN_STALL)
+        since = now - (last if last is not None else started_at)
+        if since > allowed:
+            late.append(
+                f"the {format_duration(interval)} rules last ran {since:.0f}s ago (allowed {allowed:.0f}s)"
+            )
+    finished = [t for t in due.values() if t is not None]
+    body: dict[str, Any] = {
+        "status": "stalled" if late else "ok",
+        "version": __version__,
+        "last_evaluation": max(finished) if finished else None,
+        "rules": rules,
+    }
+    if late:
+        body["reason"] = "; ".join(late)
+    return not late, body
+
+
+def rule_rows(
+    rules: list[LoadedRule], states: Mapping[str, Mapping[str, SeriesState]], errors: Mapping[str, str | None]
+) -> list[dict[str, Any]]:
+    """One row per series of every enabled rule (one empty row for a rule without series)."""
+    rows: list[dict[str, Any]] = []
+    for item in rules:
+        rule = item.rule
+        common = {
+            "rule": rule.name,
+            "signal": rule.signal,
+            "expr": rule.expr,
+            "condition": str(rule.condition),
+            "severity": rule.severity.value,
+            "shadow": rule.shadow,
+            "error": errors.get(rule.name),
+        }
+        series_of = states.get(rule.name, {})
+        if not series_of:
+            rows.append(
+                {
+                    **common,
+                    "labels": {},
+                    "state": State.INACTIVE.value,
+                    "value": None,
+                    "threshold": None,
+                    "verdict": None,
+                    "since": None,
+                }
+            )
+        for series in series_of.values():
+            rows.append(
+                {
+                    **common,
+                    "labels": dict(series.labels),
+                    "state": series.state.value,
+                    "value": series.value,
+                    "threshold": series.threshold,
+                    "verdict": series.verdict.value if series.verdict else None,
+                    "since": series.since,
+                    "error": series.error or common["error"],
+                }
+            )
+    return rows
