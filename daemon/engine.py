@@ -171,7 +171,7 @@ def evaluate(
             step.warming(key, old)
         elif key == MISSING_SERIES and observed:
             step.missing_series_answered(key, old)
-        elif now - _last_seen(old) >= rule.forget_after:
+        elif key != MISSING_SERIES and now - _last_seen(old) >= rule.forget_after:
             step.forget(key, old)
         else:
             found = threshold_of(old.labels)
@@ -224,6 +224,9 @@ class _Stepper:
         self._move(key, seen, verdict, verdict, value, threshold)
 
     def no_data(self, key: str, old: SeriesState, threshold: float | None) -> None:
+        if old.last_seen is None and key != MISSING_SERIES:
+            # A series restored from an older store: its absence is counted from its last evaluation.
+            old = replace(old, last_seen=old.last_eval if old.last_eval is not None else self.now)
         effective = {
             NoDataPolicy.KEEP: Verdict.NO_DATA,
             NoDataPolicy.OK: Verdict.OK,

@@ -16,6 +16,7 @@ from pytest_aiohttp import AiohttpServer
 
 from daemon.sources.base import SourceResult
 from daemon.sources.prometheus import PrometheusSource
+from rules.matchers import Matcher
 from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
 from tests.replay import (
     ACCEPTED,
@@ -89,6 +90,32 @@ async def test_spec_decode_signals_equal_the_served_counter_deltas(
         position: pytest.approx(count / DRAFTS, rel=1e-9) for position, count in ACCEPTED_BY_POSITION.items()
     }
     assert all(s.labels == {**server, "position": s.labels["position"]} for s in by_position.series)
+
+
+@pytest.mark.real
+async def test_label_matchers_select_series_in_promql_as_in_the_scrape_source(
+    metrics_server: MetricsServer, source: PrometheusSource
+) -> None:
+    metrics_server.body = ReplayedVllm(engines=2)
+    per_position = get_signal("acceptance_by_position")
+    first = (Matcher("position", "=", "0"),)
+    await wait_for_data(lambda: source.query_signal(per_position, WINDOW, DEFAULT_GROUP_BY, first, False))
+    alone = await source.query_signal(per_position, WINDOW, DEFAULT_GROUP_BY, first, keep_intrinsic=False)
+    deep = await source.query_signal(
+        per_position, WINDOW, DEFAULT_GROUP_BY, (Matcher("position", "=~", "[34]"),)
+    )
+    one_engine = await source.query_signal(
+        get_signal("mean_acceptance_length"), WINDOW, DEFAULT_GROUP_BY, (Matcher("engine", "!=", "1"),)
+    )
+
+    server = {"instance": metrics_server.target, "model_name": MODEL}
+    assert [(s.labels, s.value) for s in alone.series] == [
+        (server, pytest.approx(ACCEPTED_BY_POSITION["0"] / DRAFTS, rel=1e-9))
+    ]
+    assert {s.labels["position"]: s.value for s in deep.series} == {
+        p: pytest.approx(ACCEPTED_BY_POSITION[p] / DRAFTS, rel=1e-9) for p in ("3", "4")
+    }
+    assert [s.value for s in one_engine.series] == [pytest.approx(1 + ACCEPTED / DRAFTS, rel=1e-9)]
 
 
 @pytest.mark.real

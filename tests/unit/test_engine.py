@@ -597,3 +597,18 @@ def test_values_outside_a_signals_domain_are_invalid_and_a_quantiles_nan_is_no_d
     ]
     quantile = SourceResult.checked(get_signal("e2e_latency_p95"), [(A, float("nan"))])
     assert quantile == SourceResult()  # no observations in the window
+
+
+def test_the_missing_series_is_never_forgotten_while_the_signal_stays_missing() -> None:
+    clock = Clock(spec(no_data=NoDataPolicy.BREACH, forget_after=60))
+    clock.at(0, EMPTY)
+    outcome = clock.at(600, EMPTY)
+    assert outcome.forgotten == [] and clock.state(MISSING_SERIES) is State.FIRING
+    assert kinds(clock.events) == [State.PENDING, State.FIRING]  # paged once, not again and again
+
+
+def test_a_series_restored_without_a_last_seen_time_still_ages() -> None:
+    restored = SeriesState(labels=A, state=State.FIRING, since=0, last_eval=10)
+    clock = Clock(spec(forget_after=100), {KEY_A: restored})
+    assert clock.at(50, EMPTY).forgotten == []
+    assert clock.at(111, EMPTY).forgotten == [KEY_A]
