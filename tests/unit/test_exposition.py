@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.exposition import catalog_sample_names, parse_exposition
@@ -138,3 +141,87 @@ def test_empty_text_is_an_empty_snapshot() -> None:
 def test_malformed_text_raises_a_clear_value_error(text: str) -> None:
     with pytest.raises(ValueError, match="not valid Prometheus text exposition"):
         parse_exposition(text)
+
+
+# --- the same snapshot as prometheus_client's full parse -----------------------------------------
+
+
+def full_parse(
+    text: str, keep: frozenset[str] | None = None
+) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """The reference: every family parsed by prometheus_client, then the wanted samples kept."""
+    wanted = catalog_sample_names() if keep is None else keep
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted and not sample.name.endswith("_created"):
+                out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = float(sample.value)
+    return out
+
+
+@pytest.mark.parametrize("text", [SELF_DRAFT, REJECTING], ids=["self-draft", "rejecting-draft"])
+def test_the_snapshot_of_a_real_page_is_prometheus_clients(text: str) -> None:
+    assert parse_exposition(text) == full_parse(text)
+    everything = frozenset(s.name for f in text_string_to_metric_families(text) for s in f.samples)
+    assert parse_exposition(text, keep=everything) == full_parse(text, everything)
+
+
+_LABEL_NAMES = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True)
+_LABEL_VALUES = st.text(alphabet=st.sampled_from('ab0 ,={}#"\\\n\t:é'), max_size=8)
+_VALUES = st.one_of(
+    st.integers(-(10**12), 10**12).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(
+        lambda v: {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}.get(repr(v), repr(v))
+    ),
+)
+_NAMES = st.sampled_from(
+    sorted(catalog_sample_names() | {"python_gc_objects_collected_total", "vllm:cache_config_info", "x"})
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@st.composite
+def pages(draw: st.DrawFn) -> str:
+    """A well-formed page: each family once, its lines together, each series once."""
+    lines = []
+    for name in draw(st.lists(_NAMES, max_size=12, unique=True)):
+        kind = draw(st.sampled_from(["gauge", "counter", "untyped", None]))
+        if kind is not None:
+            lines.append(f"# HELP {name} help text with \\\\ and \\n escapes")
+            lines.append(f"# TYPE {name} {kind}")
+        label_sets = draw(
+            st.lists(
+                st.dictionaries(_LABEL_NAMES.filter(lambda n: n != "__name__"), _LABEL_VALUES, max_size=3),
+                min_size=1,
+                max_size=4,
+                unique_by=lambda labels: tuple(sorted(labels.items())),
+            )
+        )
+        for labels in label_sets:
+            order = draw(st.permutations(list(labels.items())))  # any label order
+            body = ",".join(f'{k}{draw(st.sampled_from(["=", " = "]))}"{_escape(v)}"' for k, v in order)
+            if body and draw(st.booleans()):
+                body += ","  # a trailing comma is allowed
+            label_text = f"{{{body}}}" if body or draw(st.booleans()) else ""
+            space = draw(st.sampled_from([" ", "  ", "\t"]))
+            stamp = f" {draw(st.integers(0, 2**40))}" if draw(st.booleans()) else ""
+            lines.append(f"{name}{label_text}{space}{draw(_VALUES)}{stamp}")
+    return "\n".join(lines) + draw(st.sampled_from(["", "\n", "\n\n"]))
+
+
+@given(pages())
+@settings(max_examples=200, deadline=None)
+def test_the_snapshot_of_any_page_is_prometheus_clients(text: str) -> None:
+    try:
+        expected = full_parse(text)
+    except ValueError:
+        return  # a page prometheus_client refuses (a duplicate series, say) is not a comparison
+    got = parse_exposition(text)
+    assert got.keys() == expected.keys()
+    for name, series in expected.items():
+        assert got[name].keys() == series.keys(), name
+        for labels, value in series.items():
+            assert got[name][labels] == value or (math.isnan(value) and math.isnan(got[name][labels]))
