@@ -56,8 +56,10 @@ e2e: $(STAMP) $(VLLM_STAMP)
 	SPECGUARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest tests/e2e -v --durations=0
 
 # Measured as ratios against a baseline in the same run; results are kept in benchmarks/results/.
+# bench_footprint runs three daemons for about 8 minutes.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_scrape_source.py --write benchmarks/results/scrape_source.md
+	$(BIN)/python benchmarks/bench_footprint.py --write benchmarks/results/footprint.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -183,7 +183,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("listen", "port", "state_dir", "dry_run", "log_format"):
         value = getattr(args, key, None)
         if value is not None:
-            out[key] = str(value) if isinstance(value, Path) else value
+            # A path on the command line is relative to where the command runs (one in the config
+            # file is relative to the file).
+            out[key] = str(Path.cwd() / value.expanduser()) if isinstance(value, Path) else value
     return out
 
 
@@ -192,10 +194,25 @@ def _print_problems(loaded: Any) -> None:
         print(problem, file=sys.stderr)
 
 
+def _config_data(path: Path | None) -> Any:
+    """The config file's YAML with its line numbers, for messages (None when it cannot be read)."""
+    from daemon.yamlfile import FileProblems, load_yaml
+
+    if path is None:
+        return None
+    try:
+        return load_yaml(path)
+    except FileProblems:
+        return None
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    from daemon.loading import load
+    from daemon.loading import check_state_dir, load
 
     loaded = load(args.config, args.rule_files)
+    state = check_state_dir(loaded, _config_data(args.config))
+    if state is not None:
+        loaded.problems.append(state)
     _print_problems(loaded)
     if not loaded.ok:
         print(f"{len(loaded.errors)} error(s)", file=sys.stderr)

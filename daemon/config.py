@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from daemon.sources.scrape import duplicate_instances, instance_label
+from daemon.sources.scrape import DEFAULT_MAX_PAGE_BYTES, duplicate_instances, instance_label
 from rules.durations import Duration, Interval
 
 DEFAULT_SCRAPE_TARGET = "http://127.0.0.1:8000/metrics"
@@ -41,11 +42,44 @@ class ScrapeTarget(_Strict):
         return _http_url(value)
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+}
+
+
+def _byte_size(value: Any) -> int:
+    """A size in bytes: a number, or a string like ``16MiB``, ``500KB``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size like 16MiB, got {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        match = _SIZE.match(str(value))
+        if match is None:
+            raise ValueError(f"invalid size {value!r}: use a number of bytes or B, KB, MB, GB, KiB, MiB, GiB")
+        number = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    if number < 1:
+        raise ValueError("a size must be at least 1 byte")
+    return number
+
+
+ByteSize = Annotated[int, BeforeValidator(_byte_size)]
+
+
 class ScrapeSourceConfig(_Strict):
     """Read vLLM's /metrics directly (one host, no Prometheus needed)."""
 
     targets: tuple[str | ScrapeTarget, ...] = Field((DEFAULT_SCRAPE_TARGET,), min_length=1)
-    timeout: Duration = 5.0
+    timeout: Duration = 5.0  # a whole scrape: connecting, reading and parsing the page
+    max_page_size: ByteSize = DEFAULT_MAX_PAGE_BYTES  # a real vLLM page is about 60 KB per model
 
     @field_validator("targets")
     @classmethod

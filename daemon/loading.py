@@ -187,7 +187,8 @@ def _expand(
         full = os.path.expanduser(pattern if os.path.isabs(pattern) else str(base / pattern))
         matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
         if not matches:
-            problems.append(Problem(*where, f"no rule file matches {pattern!r}"))
+            # A glob may match nothing yet (an empty rules.d/): say so, and carry on.
+            problems.append(Problem(*where, f"no rule file matches {pattern!r} yet", warning=True))
         for match in matches:
             files.append((match, Path(match)))
     return list(dict.fromkeys(files))
@@ -270,7 +271,7 @@ def _cross_check(loaded: Loaded) -> None:
                 loaded.problems.append(
                     _rule_problem(item, "condition", f"baseline.{baseline_signal}: no such signal")
                 )
-            elif loaded.baseline is None:
+            elif loaded.baseline is None and loaded.config.baseline is None:
                 loaded.problems.append(
                     _rule_problem(
                         item,
@@ -280,11 +281,11 @@ def _cross_check(loaded: Loaded) -> None:
                         warning=True,
                     )
                 )
-            elif baseline_signal not in loaded.baseline.signals_named():
+            elif loaded.baseline is not None and baseline_signal not in loaded.baseline.signals_named():
                 loaded.problems.append(
                     _rule_problem(item, "condition", f"the baseline has no value for {baseline_signal!r}")
                 )
-        if rule.signal == "estimated_speedup" and loaded.baseline is None:
+        if rule.signal == "estimated_speedup" and loaded.config.baseline is None:
             loaded.problems.append(
                 _rule_problem(
                     item,
@@ -329,6 +330,12 @@ def _load_baseline(config: Config, data: Any, label: str, problems: list[Problem
     if config.baseline is None:
         return None
     path = config.baseline
+    if not path.is_file():
+        reason = "no such file" if not path.exists() else "not a file"
+        problems.append(
+            Problem(label, line_of(data, ("baseline",)), "baseline", f"cannot read {path}: {reason}")
+        )
+        return None
     try:
         raw = load_yaml(path)  # JSON is YAML: this keeps line numbers for errors
     except FileProblems as exc:
@@ -352,3 +359,23 @@ def _check_token_file(config: Config, data: Any, label: str, problems: list[Prob
         read_token(prometheus.bearer_token_file)
     except ValueError as exc:
         problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))
+
+
+def check_state_dir(loaded: Loaded, data: Any = None) -> Problem | None:
+    """Whether this user could keep the state database where the config says (``specguard check``).
+
+    Nothing is created: the directory, or the nearest directory above it that exists, must be
+    writable.
+    """
+    directory = loaded.config.resolved_state_dir()
+    line = line_of(data, ("state_dir",)) if data is not None else None
+    where = (loaded.config_file or "<defaults>", line, "state_dir")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return Problem(*where, f"{directory}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = directory if existing == directory else f"{existing} (to create {directory})"
+        return Problem(*where, f"{what} is not writable for this user: fix its permissions, or set state_dir")
+    return None

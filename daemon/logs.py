@@ -40,6 +40,41 @@ def setup(log_format: str = "auto", level: str = "info", stream: TextIO | None =
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # APScheduler logs every job run at INFO; specguard reports what matters itself.
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # APScheduler logs every job run at INFO, and a skipped run at WARNING: specguard reports what
+    # matters itself (once).
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, RateLimit) for f in asyncio_log.filters):
+        asyncio_log.addFilter(RateLimit())
+
+
+class RateLimit(logging.Filter):
+    """At most one record a ``period`` per message text; the next one says how many were dropped.
+
+    asyncio logs every failed accept() ("socket.accept() out of system resource") when the process
+    runs out of file descriptors: thousands of lines a second during a connection flood.
+    """
+
+    def __init__(self, period: float = 10.0) -> None:
+        super().__init__()
+        self.period = period
+        self._last: dict[str, float] = {}
+        self._dropped: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg).split("\n", 1)[0]  # asyncio appends the socket and exception below
+        now = record.created
+        last = self._last.get(key)
+        if last is not None and now - last < self.period:
+            self._dropped[key] = self._dropped.get(key, 0) + 1
+            return False
+        if len(self._last) > 1000:  # bounded: forget the oldest messages
+            for old in sorted(self._last, key=self._last.__getitem__)[:500]:
+                self._last.pop(old, None)
+                self._dropped.pop(old, None)
+        self._last[key] = now
+        dropped = self._dropped.pop(key, 0)
+        if dropped:
+            record.msg = f"{record.msg}\n({dropped} more like it since the last one, not logged)"
+        return True

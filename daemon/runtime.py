@@ -19,15 +19,15 @@ from apscheduler.triggers.interval import IntervalTrigger
 from daemon import __version__, systemd
 from daemon.config import Config
 from daemon.dispatcher import Dispatcher
-from daemon.engine import SeriesState, State, Verdict
+from daemon.engine import Outcome, SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
 from daemon.selfmetrics import DaemonMetrics
 from daemon.server import start_server
-from daemon.sources.base import Source
+from daemon.sources.base import Source, SourceResult
 from daemon.status import health as health_of
 from daemon.status import rule_rows
-from daemon.store import EventRecord, Store
+from daemon.store import EventRecord, Store, StoreError
 from rules.durations import format_duration
 
 log = logging.getLogger("specguard")
@@ -50,7 +50,13 @@ def make_source(config: Config, retention: float) -> Source:
     from daemon.sources.scrape import ScrapeSource
 
     scrape = config.scrape
-    return ScrapeSource(scrape.urls, timeout=scrape.timeout, retention=retention, names=scrape.names)
+    return ScrapeSource(
+        scrape.urls,
+        timeout=scrape.timeout,
+        retention=retention,
+        names=scrape.names,
+        max_page_bytes=scrape.max_page_size,
+    )
 
 
 def retention_for(loaded: Loaded) -> float:
@@ -87,6 +93,9 @@ class Daemon:
         self.started_at = time.time()
         self.last_round: float | None = None
         self.last_round_of: dict[float, float | None] = {}  # interval -> when its last round finished
+        self.store_error: str | None = None  # why the store cannot be written, while it cannot
+        self.rule_verdicts: dict[str, tuple[str, str | None]] = {}  # rule -> (verdict, why) without series
+        self._scrapes: set[asyncio.Task[Any]] = set()  # scrapes in progress
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._rounds: set[asyncio.Task[Any]] = set()  # evaluation rounds in progress
@@ -103,7 +112,10 @@ class Daemon:
 
         ``handle_signals=False`` leaves SIGTERM/SIGINT/SIGHUP to an embedding program.
         """
-        await self.store.open()
+        try:
+            await self.store.open()
+        except StoreError as exc:
+            raise SystemExit(f"specguard: {exc}") from None
         configured = {r.name for r in self.loaded.rules}
         dropped = await self.store.forget_rules(configured)
         if dropped:
@@ -150,6 +162,10 @@ class Daemon:
         log.info("stopping")
         if self.scheduler is not None:
             self.scheduler.pause()  # no new rounds; the one in progress may finish its actions
+            for scrape in list(self._scrapes):  # a scrape in flight is simply abandoned
+                scrape.cancel()
+            if self._scrapes:
+                await asyncio.wait(set(self._scrapes), timeout=5)
             if self._rounds:
                 _, unfinished = await asyncio.wait(set(self._rounds), timeout=SHUTDOWN_GRACE)
                 if unfinished:
@@ -222,15 +238,28 @@ class Daemon:
             )
 
     def _on_overrun(self, event: JobExecutionEvent) -> None:
-        self.metrics.overruns.labels(event.job_id).inc()
-        log.warning("%s: skipped a round, the previous one was still running or late", event.job_id)
+        if event.job_id == "scrape":  # a slow target held the previous scrape: not a late round
+            self.metrics.scrapes_skipped.inc()
+            log.debug("scrape skipped: the previous one is still running")
+            return
+        interval = event.job_id.removeprefix("evaluate-")
+        self.metrics.overruns.labels(interval).inc()
+        log.warning("the %s rules skipped a round: the previous one was still running or late", interval)
 
     async def _refresh(self) -> None:
-        await self.source.refresh()
+        task = asyncio.current_task()
+        assert task is not None
+        self._scrapes.add(task)
+        try:
+            await self.source.refresh()
+        except asyncio.CancelledError:
+            return  # stopping: the scrape is abandoned, nothing to report
+        finally:
+            self._scrapes.discard(task)
         errors: Mapping[str, str] = getattr(self.source, "last_errors", {})
-        for target, message in errors.items():
-            self.metrics.source_errors.labels(self.source.kind).inc()
-            log.debug("scrape %s failed: %s", target, message)
+        instances: Mapping[str, str] = getattr(self.source, "instances", {})
+        for target in errors:
+            self.metrics.source_errors.labels(self.source.kind, instances.get(target, "")).inc()
 
     # --- evaluation ------------------------------------------------------------------------------
 
@@ -253,6 +282,8 @@ class Daemon:
         for item in rules:
             try:
                 await self._evaluate_one(item, now)
+            except StoreError as exc:
+                self._store_failed(str(exc))
             except Exception:  # one rule's failure must not stop the others
                 log.exception("rule %s: evaluation failed", item.name)
                 self.metrics.evaluations.labels(item.name, Verdict.ERROR.value).inc()
@@ -278,10 +309,15 @@ class Daemon:
                 extra={"rule": name, "labels": dict(old.labels) if old else {}},
             )
         if result.error is not None:
-            self.metrics.source_errors.labels(self.source.kind).inc()
+            self.metrics.source_errors.labels(self.source.kind, "").inc()
         records = [self.dispatcher.record(item, event) for event in outcome.events]
+        # Nothing is decided until it is stored: if the store cannot be written, the states stay as
+        # they were and the same transitions are found again once it can.
         pending = await self.store.commit_evaluation(name, outcome.states, records)
         self.states[name] = outcome.states
+        self.rule_verdicts[name] = _rule_verdict(outcome, result)
+        if self.store_error is not None:
+            await self._store_recovered()
         self._note_error(name, outcome.error)
         verdicts = list(outcome.verdicts.values()) or [Verdict.ERROR if outcome.error else Verdict.NO_DATA]
         for verdict in verdicts:
@@ -304,6 +340,17 @@ class Daemon:
             )
         if pending:
             await self.dispatcher.run(pending)
+
+    def _store_failed(self, message: str) -> None:
+        self.metrics.store_errors.inc()
+        if message != self.store_error:  # once per change, not once per rule and round
+            log.error("%s: rules are evaluated but nothing changes until it can be written", message)
+        self.store_error = message
+
+    async def _store_recovered(self) -> None:
+        log.info("the state store can be written again: %s", self.store.path)
+        self.store_error = None
+        await self.dispatcher.run()  # runs recorded before the store failed, still to do
 
     def _note_error(self, rule: str, error: str | None) -> None:
         if error != self.rule_errors.get(rule):
@@ -372,22 +419,48 @@ class Daemon:
         return self.metrics.registry
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        return health_of(self.last_round_of, self.started_at, time.time(), len(self.loaded.enabled_rules()))
+        healthy, body = health_of(
+            self.last_round_of, self.started_at, time.time(), len(self.loaded.enabled_rules())
+        )
+        if self.store_error is not None:
+            body["status"] = "store_failing"
+            body["reason"] = "; ".join(r for r in (body.get("reason"), self.store_error) if r)
+            return False, body
+        return healthy, body
+
+    def connections_evicted(self) -> None:
+        """The HTTP server closed an old connection to make room (a flood, or many idle clients)."""
+        self.metrics.connections_evicted.inc()
 
     def warming_up(self) -> list[str]:
         warming: Any = getattr(self.source, "warming_up", None)
         return sorted(warming()) if warming is not None else []
 
     def status(self) -> dict[str, Any]:
-        errors: Mapping[str, str] = getattr(self.source, "last_errors", {})
+        targets: Any = getattr(self.source, "target_health", None)
         return {
             "version": __version__,
             "source": self.loaded.config.sources.kind,
-            "sources": {"warming_up": self.warming_up(), "errors": dict(errors)},
+            "sources": {
+                "warming_up": self.warming_up(),
+                "targets": targets() if targets is not None else [],
+            },
+            "store": {"path": str(self.store.path), "error": self.store_error},
             "dry_run": self.loaded.config.dry_run,
             "last_evaluation": self.last_round,
             "rules": self.rule_rows(),
         }
 
     def rule_rows(self) -> list[dict[str, Any]]:
-        return rule_rows(self.loaded.enabled_rules(), self.states, self.rule_errors)
+        return rule_rows(self.loaded.enabled_rules(), self.states, self.rule_errors, self.rule_verdicts)
+
+
+def _rule_verdict(outcome: Outcome, result: SourceResult) -> tuple[str, str | None]:
+    """What a rule without series says, and why: an error, warming up, or no data (with the source's
+    errors, which are usually the reason)."""
+    if outcome.error is not None:
+        return Verdict.ERROR.value, outcome.error
+    if result.warming:
+        return Verdict.WARMING_UP.value, "waiting for samples from " + ", ".join(sorted(result.warming))
+    reason = result.detail.get("scrape_errors")
+    return Verdict.NO_DATA.value, f"no data; scrape failed: {reason}" if reason else "no data"

@@ -22,7 +22,25 @@ class DaemonMetrics:
             registry=r,
         )
         self.source_errors = Counter(
-            "specguard_source_errors", "Failed source queries or scrapes", ["source"], registry=r
+            "specguard_source_errors",
+            "Failed source queries or scrapes, by source and target (the scrape target's instance)",
+            ["source", "target"],
+            registry=r,
+        )
+        self.scrapes_skipped = Counter(
+            "specguard_scrapes_skipped",
+            "Scrape rounds skipped because the previous one (a slow target) was still running",
+            registry=r,
+        )
+        self.connections_evicted = Counter(
+            "specguard_http_connections_evicted",
+            "Connections to specguard's own HTTP server closed to stay under its connection cap",
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "specguard_store_errors",
+            "Writes to the state store that failed (a full disk, a read-only file system)",
+            registry=r,
         )
         self.evaluation_duration = Histogram(
             "specguard_evaluation_duration_seconds",

@@ -52,10 +52,27 @@ def build_app(observed: Observed) -> web.Application:
     return app
 
 
-async def start_server(observed: Observed, listen: str, port: int) -> tuple[web.AppRunner, int]:
+# A connection that sends nothing (or nothing more) for this long is closed, requests in progress
+# aside: half-open connections cannot pile up.
+IDLE_TIMEOUT = 10.0
+# Connections served at once. Beyond it the oldest connection is closed to make room for the new
+# one, so a flood of idle connections can neither exhaust file descriptors nor lock out /healthz.
+MAX_CONNECTIONS = 256
+
+
+async def start_server(
+    observed: Observed, listen: str, port: int, max_connections: int = MAX_CONNECTIONS
+) -> tuple[web.AppRunner, int]:
     """Start listening; returns the runner (for cleanup) and the bound port."""
-    runner = web.AppRunner(build_app(observed), handle_signals=False, access_log=None, shutdown_timeout=5.0)
+    runner = web.AppRunner(
+        build_app(observed),
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=5.0,
+        keepalive_timeout=IDLE_TIMEOUT,  # aiohttp starts this clock when a connection opens, too
+    )
     await runner.setup()
+    _cap_connections(runner, max_connections, observed)
     site = web.TCPSite(runner, listen, port)
     try:
         await site.start()
@@ -64,3 +81,21 @@ async def start_server(observed: Observed, listen: str, port: int) -> tuple[web.
         raise SystemExit(f"specguard: cannot listen on {listen}:{port}: {exc.strerror}") from None
     bound = runner.addresses[0][1] if runner.addresses else port
     return runner, int(bound)
+
+
+def _cap_connections(runner: web.AppRunner, most: int, observed: Observed) -> None:
+    """Close the oldest connections beyond ``most`` as new ones arrive."""
+    server = runner.server
+    assert server is not None
+    made = server.connection_made
+    evicted = getattr(observed, "connections_evicted", None)
+
+    def connection_made(handler: Any, transport: Any) -> None:
+        made(handler, transport)
+        connections = server.connections  # oldest first
+        for old in connections[: max(0, len(connections) - most)]:
+            old.force_close()
+            if evicted is not None:
+                evicted()
+
+    server.connection_made = connection_made  # type: ignore[method-assign]

@@ -43,9 +43,13 @@ def health(
 
 
 def rule_rows(
-    rules: list[LoadedRule], states: Mapping[str, Mapping[str, SeriesState]], errors: Mapping[str, str | None]
+    rules: list[LoadedRule],
+    states: Mapping[str, Mapping[str, SeriesState]],
+    errors: Mapping[str, str | None],
+    verdicts: Mapping[str, tuple[str, str | None]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per series of every enabled rule (one empty row for a rule without series)."""
+    """One row per series of every enabled rule (one row for a rule without series, with the
+    verdict of its last evaluation and why: an error, warming up, no data and the scrape errors)."""
     rows: list[dict[str, Any]] = []
     for item in rules:
         rule = item.rule
@@ -60,6 +64,7 @@ def rule_rows(
         }
         series_of = states.get(rule.name, {})
         if not series_of:
+            verdict, reason = (verdicts or {}).get(rule.name, (None, None))
             rows.append(
                 {
                     **common,
@@ -67,7 +72,8 @@ def rule_rows(
                     "state": State.INACTIVE.value,
                     "value": None,
                     "threshold": None,
-                    "verdict": None,
+                    "verdict": verdict,
+                    "reason": reason,
                     "since": None,
                 }
             )

@@ -11,7 +11,9 @@ All SQLite work happens on one writer thread, so the event loop never blocks on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +25,11 @@ from typing import Any, TypeVar
 from daemon.engine import Event, SeriesState, State, Verdict
 
 T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """The store cannot be read or written; the message names the file and the reason."""
+
 
 SCHEMA_VERSION = 2
 # Columns each schema version added to series_state, so an older database is brought up to date.
@@ -96,12 +103,35 @@ class Store:
         return await loop.run_in_executor(self._executor, self._with_db, fn)
 
     def _with_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._db is None:
-            self._db = _open(self.path)
-        return fn(self._db)
+        try:
+            if self._db is None:
+                self._db = _open(self.path)
+            return fn(self._db)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write the state store {self.path}: {exc}") from exc
 
     async def open(self) -> None:
+        """Create or open the database. Raises StoreError naming the path and what to do."""
+        try:
+            await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the state directory {self.path.parent}: {exc.strerror or exc}; create it, "
+                "make it writable for the user specguard runs as, or set state_dir"
+            ) from None
+        if not os.access(self.path.parent, os.W_OK | os.X_OK):
+            raise StoreError(
+                f"the state directory {self.path.parent} is not writable for this user; fix its "
+                "permissions or set state_dir"
+            )
         await self._call(lambda db: None)
+
+    async def refuse_writes(self, refuse: bool) -> None:
+        """Make every write fail, as on a read-only file system (``refuse``), or stop doing so.
+
+        For tests: the failure path without a full disk (the integration tier fills a real one).
+        """
+        await self._call(lambda db: db.execute(f"PRAGMA query_only = {'ON' if refuse else 'OFF'}"))
 
     async def close(self) -> None:
         def shut(db: sqlite3.Connection) -> None:
@@ -202,6 +232,9 @@ def _upgrade(db: sqlite3.Connection, version: int) -> None:
 
 
 class _transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any failure, the commit's own included: a failed
+    write (a full disk) must not leave a transaction open that every later write would trip on."""
+
     def __init__(self, db: sqlite3.Connection):
         self.db = db
 
@@ -209,7 +242,19 @@ class _transaction:
         self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self.db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        if self.db.in_transaction:  # SQLite may have rolled back by itself (SQLITE_FULL does)
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
 
 
 def _update(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> None:

@@ -15,7 +15,7 @@ import re
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -24,6 +24,7 @@ from urllib3.exceptions import NameResolutionError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import Retry
 
+from daemon.redact import REDACTED, scrub, shown
 from daemon.sources.base import SourceResult
 from rules.durations import format_duration
 from rules.matchers import Matcher
@@ -66,7 +67,7 @@ class PrometheusSource:
         self.verify_tls = verify_tls
         self.bearer_token_file = bearer_token_file
         self._token = read_token(bearer_token_file) if bearer_token_file is not None else None
-        self._shown_url = _without_credentials(self.url)
+        self._shown_url = shown(self.url)
         # Prometheus gives up on the query when the client would: no work left running for nobody.
         self._params = {"timeout": format_duration(timeout)}
         self._clock = clock
@@ -120,11 +121,11 @@ class PrometheusSource:
         await asyncio.to_thread(self._client.close)
 
     def _failed(self, problem: str) -> SourceResult:
-        message = f"prometheus {self._shown_url}: {problem}"
+        message = scrub(f"prometheus {self._shown_url}: {problem}", self.url)
         # A proxy may echo request headers into its error page. Redact before shortening, so a
         # truncated token cannot slip through either.
         if self._token:
-            message = message.replace(self._token, "<redacted>")
+            message = message.replace(self._token, REDACTED)
         return SourceResult.failed(_short(message))
 
     def _describe(self, exc: BaseException) -> str:
@@ -227,14 +228,6 @@ def _causes(exc: BaseException) -> list[BaseException]:
 def _short(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
-
-
-def _without_credentials(url: str) -> str:
-    """The URL as shown in messages: ``user:password@`` removed."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def read_token(path: Path) -> str:

@@ -27,13 +27,14 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from itertools import pairwise
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from daemon.exposition import Labels, Snapshot, parse_exposition
+from daemon.redact import scrub, shown
 from daemon.sources.base import SourceResult
 from rules.matchers import Matcher, all_match
 from rules.signals import Kind, Metric, Signal
@@ -55,6 +56,29 @@ class _HTTPStatusError(Exception):
     pass
 
 
+class _PageTooLarge(Exception):
+    pass
+
+
+DEFAULT_MAX_PAGE_BYTES = 16 * 1024 * 1024  # a real vLLM page is about 60 KB per model
+
+
+@dataclass
+class TargetHealth:
+    """What the last scrapes of one target came to, as /api/status shows it."""
+
+    target: str  # the URL as shown: credentials and secret query values removed
+    instance: str
+    last_success: float | None = None
+    last_error: str | None = None
+    error_since: float | None = None  # when the current run of failures began
+    failures: int = 0  # failed scrapes since the source started
+
+    def to_json(self, warming: bool) -> dict[str, object]:
+        state = "warming_up" if warming else "down" if self.last_error is not None else "up"
+        return {**asdict(self), "state": state}
+
+
 class ScrapeSource:
     """Scrapes vLLM ``/metrics`` endpoints and answers signal queries from its own sample rings."""
 
@@ -68,19 +92,25 @@ class ScrapeSource:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         names: Mapping[str, str] | None = None,
+        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
     ) -> None:
         """``targets`` are URLs; ``names`` gives some of them the ``instance`` label they report
-        under (default: host:port). Raises ValueError when two targets would report as one."""
-        if timeout <= 0 or retention <= 0:
-            raise ValueError("scrape timeout and retention must be positive")
+        under (default: host:port). ``timeout`` bounds a whole scrape, reading and parsing;
+        ``max_page_bytes`` bounds the page. Raises ValueError when two targets would report as one."""
+        if timeout <= 0 or retention <= 0 or max_page_bytes <= 0:
+            raise ValueError("scrape timeout, retention and page size limit must be positive")
         self.targets: tuple[str, ...] = tuple(dict.fromkeys(targets))
         self.instances: dict[str, str] = {t: (names or {}).get(t) or instance_label(t) for t in self.targets}
         clash = duplicate_instances(self.instances)
         if clash:
             raise ValueError(clash)
-        self.last_errors: dict[str, str] = {}
+        self.last_errors: dict[str, str] = {}  # by target URL; messages never carry its secrets
+        self.health: dict[str, TargetHealth] = {
+            t: TargetHealth(shown(t), self.instances[t]) for t in self.targets
+        }
         self._attempted: set[str] = set()
         self._timeout = timeout
+        self._max_page = max_page_bytes
         self._retention = retention
         self._clock = clock
         self._session = session
@@ -106,6 +136,7 @@ class ScrapeSource:
         """Store ``text`` as ``target``'s sample taken at ``ts``: a scrape without HTTP."""
         self._attempted.add(target)
         self.instances.setdefault(target, instance_label(target))
+        self.health.setdefault(target, TargetHealth(shown(target), self.instances[target]))
         try:
             snapshot = parse_exposition(text)
         except ValueError as exc:
@@ -116,9 +147,11 @@ class ScrapeSource:
     async def _scrape(self, session: aiohttp.ClientSession, target: str) -> None:
         ts = self._clock()  # like Prometheus, a sample is stamped with its scrape's start
         try:
-            text = await self._fetch(session, target)
-            # Parsing a vLLM page costs ~8 ms of pure Python: keep it off the event loop.
-            snapshot = await asyncio.to_thread(parse_exposition, text)
+            # One deadline for reading and parsing: a trickling or enormous page cannot hold a round.
+            async with asyncio.timeout(self._timeout):
+                text = await self._fetch(session, target)
+                # Parsing runs off the event loop (a page the size limit allows still takes time).
+                snapshot = await asyncio.to_thread(parse_exposition, text)
         except Exception as exc:  # one bad target must not spoil the round for the others
             self._attempted.add(target)
             self._fail(target, self._describe(exc), ts)
@@ -128,12 +161,16 @@ class ScrapeSource:
 
     def warming_up(self) -> frozenset[str]:
         """The ``instance`` of every target that cannot answer yet (see the module's docstring)."""
-        return frozenset(
-            self.instances[target]
-            for target in self.targets
-            if target not in self._attempted
-            or (target not in self.last_errors and len(self._rings.get(target, ())) < 2)
+        return frozenset(self.instances[target] for target in self.targets if self._warming(target))
+
+    def _warming(self, target: str) -> bool:
+        return target not in self._attempted or (
+            target not in self.last_errors and len(self._rings.get(target, ())) < 2
         )
+
+    def target_health(self) -> list[dict[str, object]]:
+        """Each target's state (up, down, warming_up), last success and last error."""
+        return [self.health[target].to_json(self._warming(target)) for target in self.targets]
 
     def adopt(self, other: ScrapeSource) -> None:
         """Take over ``other``'s samples of the targets both scrape under the same name (a reload
@@ -141,23 +178,31 @@ class ScrapeSource:
         for target in self.targets:
             if target in other._rings and other.instances.get(target) == self.instances[target]:
                 self._rings[target] = deque(other._rings[target])
+                self.health[target] = other.health[target]
                 if target in other._attempted:
                     self._attempted.add(target)
                 if target in other.last_errors:
                     self.last_errors[target] = other.last_errors[target]
 
     async def _fetch(self, session: aiohttp.ClientSession, target: str) -> str:
-        timeout = aiohttp.ClientTimeout(total=self._timeout)
-        async with session.get(target, timeout=timeout, headers={"Accept": _ACCEPT}) as response:
+        async with session.get(target, headers={"Accept": _ACCEPT}) as response:
             if response.status != 200:
                 raise _HTTPStatusError(f"HTTP {response.status} {response.reason or ''}".strip())
-            body = await response.read()
+            if response.content_length is not None and response.content_length > self._max_page:
+                raise _PageTooLarge(
+                    f"the page is {response.content_length} bytes, over the {self._max_page}-byte limit"
+                )
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(65536):
+                body += chunk
+                if len(body) > self._max_page:
+                    raise _PageTooLarge(f"the page is over the {self._max_page}-byte limit (stopped reading)")
         return body.decode("utf-8", errors="replace")
 
     def _describe(self, exc: Exception) -> str:
         if isinstance(exc, TimeoutError):
-            return f"timed out after {self._timeout:g}s"
-        if isinstance(exc, _HTTPStatusError | ValueError):
+            return f"no page within {self._timeout:g}s (reading and parsing)"
+        if isinstance(exc, _HTTPStatusError | _PageTooLarge | ValueError):
             return str(exc)
         return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
@@ -169,13 +214,21 @@ class ScrapeSource:
             ring.pop()
         ring.append((ts, snapshot))
         self._prune(ring, ts)
+        health = self.health[target]
+        health.last_success, health.last_error, health.error_since = ts, None, None
         if self.last_errors.pop(target, None) is not None:
-            log.info("scrape of %s recovered", target)
+            log.info("scrape of %s recovered", shown(target))
 
     def _fail(self, target: str, message: str, ts: float) -> None:
+        message = scrub(message, target)
         if self.last_errors.get(target) != message:  # log changes, not every failed round
-            log.warning("scrape of %s failed: %s", target, message)
+            log.warning("scrape of %s failed: %s", shown(target), message)
         self.last_errors[target] = message
+        health = self.health[target]
+        health.failures += 1
+        health.last_error = message
+        if health.error_since is None:
+            health.error_since = ts
         self._prune(self._rings.setdefault(target, deque()), ts)
 
     def _prune(self, ring: deque[tuple[float, Snapshot]], newest: float) -> None:
@@ -203,7 +256,7 @@ class ScrapeSource:
         )
         if not self.last_errors:
             return result
-        errors = "; ".join(f"{target}: {error}" for target, error in self.last_errors.items())
+        errors = "; ".join(f"{shown(target)}: {error}" for target, error in self.last_errors.items())
         return replace(result, detail={"scrape_errors": errors})
 
     async def query_expr(self, expr: str) -> SourceResult:

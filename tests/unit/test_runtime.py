@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from actions.base import Action, ActionContext, ActionParams, Outcome
 from daemon.loading import load
@@ -152,3 +153,59 @@ def test_health_follows_what_each_interval_is_due_to_do() -> None:
     # A schedule that never ran counts from the start.
     assert health({15.0: None}, started_at=1000.0, now=1045.0, rules=1)[0]
     assert not health({15.0: None}, started_at=1000.0, now=1046.0, rules=1)[0]
+
+
+class SettableSource(SlowSource):
+    """Answers whatever ``value`` says, at once."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(delay=0)
+        self.value = value
+
+    async def query_signal(
+        self, signal: Signal, window: float, group_by: Sequence[str], *_: object
+    ) -> SourceResult:
+        return SourceResult.of([({"instance": "h:1"}, self.value)])
+
+
+async def test_a_store_that_cannot_write_freezes_states_says_so_once_and_recovers_without_losing_a_transition(
+    tmp_path: Path, caplog: Any
+) -> None:
+    path = config(tmp_path)
+    daemon = Daemon(load(path), path)
+    source = SettableSource(0.2)
+    daemon.source = source
+    await daemon.start(handle_signals=False)
+    try:
+        assert daemon.scheduler is not None
+        daemon.scheduler.pause()  # the test runs the rounds itself, one at a time
+        while daemon._rounds:
+            await asyncio.sleep(0.01)
+        await daemon.evaluate_round()
+        assert daemon.states["low"]['{"instance":"h:1"}'].state.value == "firing"
+
+        await daemon.store.refuse_writes(True)
+        source.value = 0.9  # the rule should resolve, but that cannot be written
+        for _ in range(3):
+            await daemon.evaluate_round()
+        frozen = daemon.states["low"]['{"instance":"h:1"}'].state.value
+        healthy, health = daemon.health()
+        status = daemon.status()
+        errors = [r for r in caplog.records if "cannot write the state store" in r.getMessage()]
+
+        await daemon.store.refuse_writes(False)
+        await daemon.evaluate_round()
+        after = daemon.states["low"]['{"instance":"h:1"}'].state.value
+        recovered = daemon.health()[0]
+        events = await daemon.store.events("low")
+    finally:
+        await daemon.shutdown()
+
+    assert frozen == "firing"  # no state invented: the resolve was not written, so it did not happen
+    assert not healthy and health["status"] == "store_failing"
+    assert "attempt to write a readonly database" in health["reason"]
+    assert "attempt to write a readonly database" in (status["store"]["error"] or "")
+    assert len(errors) == 1 and not errors[0].exc_info  # said once, no traceback
+    assert counter(daemon, "specguard_store_errors_total") >= 3
+    assert (after, recovered) == ("resolved", True)
+    assert [e["kind"] for e in reversed(events)] == ["pending", "firing", "resolved"]  # none lost, none twice

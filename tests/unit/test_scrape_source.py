@@ -609,7 +609,7 @@ async def test_a_slow_target_times_out(aiohttp_server: Any) -> None:
     source = make_source(Clock(), targets=[target], timeout=0.2)
     try:
         await asyncio.wait_for(source.refresh(), timeout=5.0)
-        assert source.last_errors == {target: "timed out after 0.2s"}
+        assert source.last_errors == {target: "no page within 0.2s (reading and parsing)"}
     finally:
         release.set()
         await source.close()
