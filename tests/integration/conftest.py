@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
+from tests.processes import Daemon
 from tests.prometheus_server import PrometheusServer, running_prometheus  # through pythonpath = ["."]
 from tests.replay import ReplayedVllm
 
@@ -59,3 +60,14 @@ async def vllm(aiohttp_server: AiohttpServer) -> str:
     app.router.add_get("/metrics", metrics)
     server = await aiohttp_server(app, host="127.0.0.1")
     return f"http://127.0.0.1:{server.port}/metrics"
+
+
+@pytest.fixture
+async def daemons() -> AsyncIterator[list[Daemon]]:
+    """Daemons a test starts; whatever is still running at the end is killed."""
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()

@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +90,6 @@ def fill(directory: Path) -> Path:
             out.write(b"\0" * 65536)
             out.flush()
     return filler
-
-
-@pytest.fixture
-async def daemons() -> AsyncIterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        if daemon.process is not None and daemon.process.poll() is None:
-            daemon.process.kill()
-            daemon.process.wait()
 
 
 async def test_a_full_disk_is_reported_once_held_off_and_recovered_from_without_losing_a_page(

@@ -15,7 +15,7 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +69,6 @@ def write_config(
         f"sources: {{scrape: {{targets: {targets!r}, timeout: 5s}}}}\nrules: [rules.yaml]\n{extra}"
     )
     return config
-
-
-@pytest.fixture
-async def daemons() -> AsyncIterator[list[Daemon]]:
-    """Daemons a test starts; whatever is still running at the end is killed."""
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        if daemon.process is not None and daemon.process.poll() is None:
-            daemon.process.kill()
-            daemon.process.wait()
 
 
 def rows(db: Path, sql: str) -> list[sqlite3.Row]:
