@@ -279,6 +279,8 @@ class Daemon:
         rules = [
             r for r in self.loaded.enabled_rules() if interval is None or self._interval_of(r) == interval
         ]
+        if self.store_error is not None:
+            await self._retry_store()
         for item in rules:
             try:
                 await self._evaluate_one(item, now)
@@ -316,8 +318,6 @@ class Daemon:
         pending = await self.store.commit_evaluation(name, outcome.states, records)
         self.states[name] = outcome.states
         self.rule_verdicts[name] = _rule_verdict(outcome, result)
-        if self.store_error is not None:
-            await self._store_recovered()
         self._note_error(name, outcome.error)
         verdicts = list(outcome.verdicts.values()) or [Verdict.ERROR if outcome.error else Verdict.NO_DATA]
         for verdict in verdicts:
@@ -347,10 +347,20 @@ class Daemon:
             log.error("%s: rules are evaluated but nothing changes until it can be written", message)
         self.store_error = message
 
-    async def _store_recovered(self) -> None:
+    async def _retry_store(self) -> None:
+        """Once the store failed, only a real write says it works again: a rule with nothing to
+        change commits nothing, and succeeds even on a full disk."""
+        try:
+            await self.store.check_writable()
+        except StoreError as exc:
+            self._store_failed(str(exc))
+            return
         log.info("the state store can be written again: %s", self.store.path)
         self.store_error = None
-        await self.dispatcher.run()  # runs recorded before the store failed, still to do
+        try:
+            await self.dispatcher.run()  # runs recorded before the store failed, still to do
+        except StoreError as exc:
+            self._store_failed(str(exc))
 
     def _note_error(self, rule: str, error: str | None) -> None:
         if error != self.rule_errors.get(rule):

@@ -126,6 +126,15 @@ class Store:
             )
         await self._call(lambda db: None)
 
+    async def check_writable(self) -> None:
+        """Write one row for real (a transaction that changes nothing succeeds even on a full disk).
+        Raises StoreError when the store still cannot be written."""
+        await self._call(
+            lambda db: _update(
+                db, "INSERT OR REPLACE INTO meta VALUES ('last_write_check', ?)", (repr(time.time()),)
+            )
+        )
+
     async def refuse_writes(self, refuse: bool) -> None:
         """Make every write fail, as on a read-only file system (``refuse``), or stop doing so.
 

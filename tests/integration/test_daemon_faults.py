@@ -28,6 +28,10 @@ from tests.replay import CAPTURE, ReplayedVllm
 RULES = """\
 rules:
   - {name: low, signal: acceptance_rate, window: 10s, interval: 500ms, condition: "< 0.7"}
+  # No series ever, so nothing to write: its rounds succeed even on a full disk, and must not be
+  # taken for the store writing again.
+  - {name: quiet, signal: acceptance_rate, window: 10s, interval: 500ms, condition: "< 0.7",
+     match: {model_name: nobody}}
 """
 
 
