@@ -90,10 +90,15 @@ def _cap_connections(runner: web.AppRunner, most: int, observed: Observed) -> No
     made = server.connection_made
     evicted = getattr(observed, "connections_evicted", None)
 
+    closing: set[Any] = set()  # closed here, and not yet gone from server.connections
+
     def connection_made(handler: Any, transport: Any) -> None:
         made(handler, transport)
         connections = server.connections  # oldest first
-        for old in connections[: max(0, len(connections) - most)]:
+        closing.intersection_update(connections)
+        live = [c for c in connections if c not in closing]
+        for old in live[: max(0, len(live) - most)]:
+            closing.add(old)
             old.force_close()
             if evicted is not None:
                 evicted()
