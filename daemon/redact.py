@@ -8,7 +8,7 @@ secrets from any text that may have quoted the URL (an exception's message, say)
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 REDACTED = "<redacted>"
 # Query parameters whose values are secrets by their name.
@@ -24,8 +24,9 @@ def secrets_of(url: str) -> list[str]:
     for name, value in parse_qsl(parts.query, keep_blank_values=False):
         if SECRET_PARAMETER.search(name) and value:
             found.append(value)
-    # An encoded form may be what a library quotes back.
-    return sorted({*found, *(quote(value, safe="") for value in found)}, key=len, reverse=True)
+    # A library may quote back the encoded form, or the decoded one.
+    forms = {*found, *(quote(value, safe="") for value in found), *(unquote(value) for value in found)}
+    return sorted(forms, key=len, reverse=True)
 
 
 def shown(url: str) -> str:
@@ -40,8 +41,9 @@ def shown(url: str) -> str:
 
 
 def scrub(text: str, url: str) -> str:
-    """``text`` with ``url`` and each of its secrets replaced."""
+    """``text`` with ``url`` and each of its secrets replaced. A secret is replaced where it stands
+    as a word of its own, so a short user name does not garble every word that contains it."""
     text = text.replace(url, shown(url))
     for secret in secrets_of(url):
-        text = text.replace(secret, REDACTED)
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
     return text

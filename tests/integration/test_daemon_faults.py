@@ -151,17 +151,18 @@ def _raise_nofile(limit: int) -> None:
 async def test_a_connection_flood_neither_blinds_the_daemon_nor_floods_its_log(
     tmp_path: Path, unused_tcp_port: int, aiohttp_server: AiohttpServer, daemons: list[Daemon]
 ) -> None:
-    """1,100 connections that never send a request, against a daemon limited to 512 file
-    descriptors (the default 1,024 of a login shell leaves more room than this)."""
+    """1,100 connections that never send a request, against a daemon limited to 1,024 file
+    descriptors (the soft limit of a login shell): without a cap, it runs out of them."""
     target, vllm = await switched(aiohttp_server)
     vllm.busy = True
     config = config_file(tmp_path, unused_tcp_port, target)
     daemon = Daemon(config, unused_tcp_port, tmp_path / "specguard.log")
     daemons.append(daemon)
     _raise_nofile(4096)  # the test's own side of the flood
-    with _nofile_limit(512):
+    with _nofile_limit(1024):
         daemon.start()
     await daemon.wait_for(lambda b: any(r["state"] == "firing" for r in b["rules"]))
+    assert daemon.process is not None
     flood: list[socket.socket] = []
     try:
         for _ in range(1100):
@@ -172,8 +173,10 @@ async def test_a_connection_flood_neither_blinds_the_daemon_nor_floods_its_log(
             flood.append(connection)
         during = time.time()
         answers: list[float] = []
+        open_files: list[int] = []  # the daemon's, sampled during the flood
         deadline = time.monotonic() + 20
         while len(answers) < 3 and time.monotonic() < deadline:
+            open_files.append(len(os.listdir(f"/proc/{daemon.process.pid}/fd")))
             asked = time.monotonic()
             with contextlib.suppress(Exception):
                 status, _ = await daemon.get("/healthz", timeout=5)
@@ -190,10 +193,13 @@ async def test_a_connection_flood_neither_blinds_the_daemon_nor_floods_its_log(
     assert daemon.stop() == 0
     log = daemon.log.read_text().splitlines()
     assert len(log) < 50, f"{len(log)} log lines during the flood"
+    # The daemon held at most 256 connections, plus one batch of accepts not yet handed over to the
+    # server (asyncio accepts up to the listen backlog, 128, at a time), plus its own files...
+    assert max(open_files) <= 256 + 128 + 64, open_files
     (evicted,) = [
         line for line in metrics.splitlines() if line.startswith("specguard_http_connections_evicted_total ")
     ]
-    assert float(evicted.split()[1]) >= 1100 - 256 - 512  # the oldest idle connections were closed
+    assert float(evicted.split()[1]) > 0  # ...by closing the oldest idle ones to make room
 
 
 @contextlib.contextmanager

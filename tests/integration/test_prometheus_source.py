@@ -297,3 +297,26 @@ def test_an_unusable_token_file_is_a_config_error_naming_the_file(tmp_path: Path
         with pytest.raises(ValueError, match=re.escape(str(path))) as raised:
             PrometheusSource("http://127.0.0.1:9090", timeout=1.0, bearer_token_file=path)
         assert "secret" not in str(raised.value)
+
+
+async def test_credentials_in_the_url_are_used_and_never_shown(
+    aiohttp_server: AiohttpServer, unused_tcp_port: int
+) -> None:
+    async def query(request: web.Request) -> web.Response:  # a proxy that echoes who asked
+        assert request.headers["Authorization"].startswith("Basic ")  # requests sent them
+        return web.Response(status=502, text="refused ops:pw-77aa")
+
+    plain = await fake_prometheus(aiohttp_server, query)
+    with_credentials = plain.replace("http://", "http://ops:pw-77aa@")
+    source = PrometheusSource(with_credentials, timeout=2.0)
+    refused = await source.query_expr("up")
+    await source.close()
+    down = f"http://ops:pw-77aa@127.0.0.1:{unused_tcp_port}"
+    source = PrometheusSource(down, timeout=2.0)
+    unreachable = await source.query_expr("up")
+    await source.close()
+
+    assert refused == SourceResult.failed(f"prometheus {plain}: HTTP 502: refused <redacted>:<redacted>")
+    assert unreachable == SourceResult.failed(
+        f"prometheus http://127.0.0.1:{unused_tcp_port}: connection refused"
+    )
