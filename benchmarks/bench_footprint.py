@@ -114,7 +114,7 @@ async def start(count: int, directory: Path, runner: web.AppRunner) -> Running:
     config.write_text(
         json.dumps(
             {
-                "port": port,
+                "server": {"port": port},
                 "state_dir": str(directory / f"state-{count}"),
                 "interval": f"{INTERVAL:g}s",
                 "sources": {"scrape": {"targets": targets}},

@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_overrides(run)
     run.add_argument("--listen", metavar="HOST", help="address of the HTTP server (default 127.0.0.1)")
     run.add_argument("--port", type=int, metavar="N", help="port of the HTTP server (default 9464)")
+    run.add_argument(
+        "--webhook-token-file",
+        type=Path,
+        metavar="FILE",
+        help="bearer token Alertmanager must send to the webhook (server.webhook_token_file)",
+    )
     run.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
     run.add_argument(
         "--dry-run", action="store_true", default=None, help="evaluate and record, run no action"
@@ -180,7 +186,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["sources"] = {"scrape": {"targets": args.scrape}}
     elif getattr(args, "prometheus", None):
         out["sources"] = {"prometheus": {"url": args.prometheus}}
-    for key in ("listen", "port", "state_dir", "dry_run", "log_format"):
+    server = {
+        key: str(Path.cwd() / value.expanduser()) if isinstance(value, Path) else value
+        for key in ("listen", "port", "webhook_token_file")
+        if (value := getattr(args, key, None)) is not None
+    }
+    if server:
+        out["server"] = server
+    for key in ("state_dir", "dry_run", "log_format"):
         value = getattr(args, key, None)
         if value is not None:
             # A path on the command line is relative to where the command runs (one in the config

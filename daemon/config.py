@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -134,9 +135,59 @@ class SourcesConfig(_Strict):
         return "prometheus" if self.prometheus is not None else "scrape"
 
 
-class Config(_Strict):
+DEFAULT_WEBHOOK_PATH = "/alertmanager"
+DEFAULT_WEBHOOK_MAX_BODY = 2**20
+CREDENTIAL_NAME = "webhook-token"  # the systemd credential the webhook token may come from
+_RESERVED_PATHS = ("/healthz", "/metrics", "/api/")
+
+
+class ServerConfig(_Strict):
+    """The HTTP server: /healthz, /metrics, /api/status, and the Alertmanager webhook receiver."""
+
     listen: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    webhook_path: str = DEFAULT_WEBHOOK_PATH
+    # The bearer token Alertmanager must send (its http_config.authorization.credentials_file).
+    # None: $CREDENTIALS_DIRECTORY/webhook-token when systemd provides it, else no token, which is
+    # allowed on a loopback address only.
+    webhook_token_file: Path | None = None
+    webhook_max_body_size: ByteSize = DEFAULT_WEBHOOK_MAX_BODY
+
+    @field_validator("webhook_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not re.fullmatch(r"/[A-Za-z0-9._~/-]*", value) or "//" in value:
+            raise ValueError(f"{value!r} is not a URL path like /alertmanager")
+        if value == "/" or any(value == p.rstrip("/") or value.startswith(p) for p in _RESERVED_PATHS):
+            raise ValueError(f"{value!r} is taken by the daemon's own endpoints")
+        return value
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this host can reach the server."""
+        if self.listen == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.listen).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve to anything
+
+    def token_file(self) -> Path | None:
+        """The configured token file, else the systemd credential when there is one."""
+        if self.webhook_token_file is not None:
+            return self.webhook_token_file
+        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+        if credentials and (Path(credentials) / CREDENTIAL_NAME).is_file():
+            return Path(credentials) / CREDENTIAL_NAME
+        return None
+
+
+# Keys that moved, and where to: a config that still has them gets this as its error.
+MOVED_KEYS = {"listen": "server.listen", "port": "server.port"}
+
+
+class Config(_Strict):
+    server: ServerConfig = ServerConfig()
     sources: SourcesConfig = SourcesConfig()
     rules: tuple[str, ...] = DEFAULT_RULES  # files or globs; builtin:<pack> for shipped packs
     actions: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -146,6 +197,14 @@ class Config(_Strict):
     dry_run: bool = False
     log_format: Literal["auto", "json", "text"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @property
+    def listen(self) -> str:
+        return self.server.listen
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     @property
     def scrape(self) -> ScrapeSourceConfig:

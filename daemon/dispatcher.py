@@ -45,7 +45,7 @@ def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
     if summary is None:
         where = ", ".join(f"{k}={v}" for k, v in sorted(event.labels.items())) or "all series"
         value = "no data" if event.value is None else f"{event.value:.4g}"
-        summary = f"{rule.signal or 'expr'} = {value} ({rule.condition}) on {where}"
+        summary = f"{rule.signal or 'expr'} = {value} ({rule.test}) on {where}"
     return summary, annotations
 
 

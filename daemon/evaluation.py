@@ -23,7 +23,7 @@ def spec_of(item: LoadedRule, interval: float) -> RuleSpec:
     rule = item.rule
     return RuleSpec(
         name=rule.name,
-        condition=rule.condition,
+        condition=rule.test,
         for_seconds=rule.for_,
         keep_firing_for=rule.keep_firing_for,
         consecutive=rule.consecutive,
@@ -39,7 +39,7 @@ def spec_of(item: LoadedRule, interval: float) -> RuleSpec:
 def thresholds(item: LoadedRule, baseline: Baseline | None) -> Threshold | ThresholdFor:
     """The number to compare with; or, for a baseline-relative condition, one per series (the
     baseline entry of the series' model); or why it cannot be known at all."""
-    condition = item.rule.condition
+    condition = item.rule.test
     if (
         item.rule.signal is not None
         and get_signal(item.rule.signal).kind is Kind.SPEEDUP

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ValidationError
 
 from actions import ACTION_TYPES, BUILTIN_INSTANCES, Action
 from daemon.baseline import Baseline, parse_baseline
-from daemon.config import Config
+from daemon.config import CREDENTIAL_NAME, MOVED_KEYS, Config
+from daemon.secrets import read_secret
 from daemon.yamlfile import FileProblems, LineDict, Problem, line_of, load_yaml, validation_problems
 from rules.matchers import Matcher
 from rules.schema import Rule, RuleFile
@@ -113,13 +114,18 @@ def load(
         if not isinstance(data, dict):
             problem = Problem(label, line_of(data, ()), "", "the config must be a mapping of keys")
             return Loaded(Config(), label, problems=[problem])
-    raw = _merged(data, overrides)
+    moved = [
+        Problem(label, line_of(data, (key,)), key, f"`{key}` is now `{new}`")
+        for key, new in MOVED_KEYS.items()
+        if key in data
+    ]
+    raw = _merged({k: v for k, v in data.items() if k not in MOVED_KEYS}, overrides)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        return Loaded(Config(), label, problems=validation_problems(label, data, exc))
+        return Loaded(Config(), label, problems=[*moved, *validation_problems(label, data, exc)])
     config = _resolve_paths(config, base_dir)
-    loaded = Loaded(config, label)
+    loaded = Loaded(config, label, problems=moved)
     loaded.actions = _load_actions(config, data, label, loaded.problems)
     loaded.baseline = _load_baseline(config, data, label, loaded.problems)
     patterns = list(rule_files) or list(config.rules)
@@ -131,13 +137,20 @@ def load(
         loaded.rules.extend(_load_rule_file(path, file_label, loaded.problems))
     _cross_check(loaded)
     _check_token_file(config, data, label, loaded.problems)
+    _check_webhook(config, data, label, loaded.problems)
     return loaded
 
 
 def _merged(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     raw = dict(data)
     for key, value in overrides.items():
-        if value is not None:
+        if value is None:
+            continue
+        if key == "server" and isinstance(value, Mapping):  # merged key by key into the file's
+            given = raw.get(key)
+            if given is None or isinstance(given, Mapping):  # anything else stays, to be refused
+                raw[key] = {**(given or {}), **{k: v for k, v in value.items() if v is not None}}
+        else:
             raw[key] = value
     return raw
 
@@ -149,6 +162,9 @@ def _resolve_paths(config: Config, base: Path) -> Config:
     update: dict[str, Any] = {
         "baseline": resolve(config.baseline),
         "state_dir": resolve(config.state_dir),
+        "server": config.server.model_copy(
+            update={"webhook_token_file": resolve(config.server.webhook_token_file)}
+        ),
     }
     prometheus = config.sources.prometheus
     if prometheus is not None and prometheus.bearer_token_file is not None:
@@ -265,7 +281,7 @@ def _cross_check(loaded: Loaded) -> None:
                 loaded.problems.append(
                     _rule_problem(item, "actions", f"unknown action {action!r}; configured: {known}")
                 )
-        baseline_signal = rule.condition.baseline_signal
+        baseline_signal = rule.test.baseline_signal
         if baseline_signal is not None:
             if baseline_signal not in CATALOG:
                 loaded.problems.append(
@@ -352,13 +368,35 @@ def _check_token_file(config: Config, data: Any, label: str, problems: list[Prob
     prometheus = config.sources.prometheus
     if prometheus is None or prometheus.bearer_token_file is None:
         return
-    from daemon.sources.prometheus import read_token  # the source's own check, so both agree
-
     where = ("sources", "prometheus", "bearer_token_file")
     try:
-        read_token(prometheus.bearer_token_file)
+        read_secret(prometheus.bearer_token_file, "bearer token file")
     except ValueError as exc:
         problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))
+
+
+def _check_webhook(config: Config, data: Any, label: str, problems: list[Problem]) -> None:
+    """The webhook's token must be readable; off loopback there must be one."""
+    server = config.server
+    token_file = server.token_file()
+    if token_file is not None:
+        where = ("server", "webhook_token_file")
+        try:
+            read_secret(token_file, "webhook token file")
+        except ValueError as exc:
+            problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))
+    elif not server.loopback:
+        where = ("server", "listen")
+        problems.append(
+            Problem(
+                label,
+                line_of(data, where),
+                ".".join(where),
+                f"listening on {server.listen} would take Alertmanager webhooks from anyone: set "
+                "server.webhook_token_file (or --webhook-token-file, or the systemd credential "
+                f"{CREDENTIAL_NAME}), or listen on 127.0.0.1",
+            )
+        )
 
 
 def check_state_dir(loaded: Loaded, data: Any = None) -> Problem | None:

@@ -57,7 +57,7 @@ def rule_rows(
             "rule": rule.name,
             "signal": rule.signal,
             "expr": rule.expr,
-            "condition": str(rule.condition),
+            "condition": str(rule.test),
             "severity": rule.severity.value,
             "shadow": rule.shadow,
             "error": errors.get(rule.name),

@@ -59,20 +59,42 @@ def _template(value: str) -> str:
 Template = Annotated[str, AfterValidator(_template)]
 
 
+class AlertStatus(StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+    ANY = "any"
+
+
 class AlertMatch(BaseModel):
-    """Alertmanager alerts a rule reacts to (webhook trigger): label name -> exact value."""
+    """Alertmanager alerts a rule reacts to (webhook trigger), selected by label matchers.
+
+    ``match`` has the syntax of a rule's ``match``: ``{alertname: X, severity: {"=~": "warn|crit"}}``.
+    ``status`` (rules with a signal only): which alerts trigger an immediate evaluation.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    labels: dict[str, str] = Field(min_length=1)
-    status: str = "firing"
+    match: dict[str, str | dict[str, str]] = Field(min_length=1)
+    status: AlertStatus | None = None
 
-    @field_validator("status")
+    @field_validator("match", mode="before")
     @classmethod
-    def _status(cls, value: str) -> str:
-        if value not in {"firing", "resolved", "any"}:
-            raise ValueError("status must be firing, resolved or any")
+    def _match(cls, value: Any) -> Any:
+        parse_matchers(value)  # raises ValueError with the problem
         return value
+
+    @property
+    def matchers(self) -> tuple[Matcher, ...]:
+        return parse_matchers(self.match)
+
+    def triggers(self, status: str) -> bool:
+        """Whether an alert with this status triggers an evaluation (signal rules)."""
+        wanted = self.status or AlertStatus.FIRING
+        return wanted is AlertStatus.ANY or wanted.value == status
+
+
+# An alert rule's series breaches while at least one of its alerts fires (its value is how many do).
+ALERT_CONDITION = parse_condition("> 0")
 
 
 class Rule(BaseModel):
@@ -84,7 +106,7 @@ class Rule(BaseModel):
     expr: str | None = None
     window: Duration = 300.0
     interval: Interval | None = None  # None: the config's evaluation interval
-    condition: ConditionField
+    condition: ConditionField | None = None  # required with signal or expr; none for an alert rule
     for_: Duration = Field(0.0, alias="for")
     keep_firing_for: Duration = 0.0
     consecutive: int = Field(1, ge=1)  # breaching evaluations in a row needed to fire
@@ -98,7 +120,9 @@ class Rule(BaseModel):
     actions: tuple[str, ...] = ("log",)
     enabled: bool = True
     shadow: bool = False  # evaluate and record, never act
-    alert: AlertMatch | None = None  # reserved: Alertmanager webhook trigger
+    # Alertmanager alerts: the rule's only input (an alert rule), or a trigger that evaluates the
+    # rule's signal at once, besides its schedule.
+    alert: AlertMatch | None = None
 
     @field_validator("name")
     @classmethod
@@ -157,10 +181,36 @@ class Rule(BaseModel):
         """The rule's identity in the store and in metrics: its name."""
         return self.name
 
+    @property
+    def test(self) -> Condition:
+        """What a series is compared with: the condition, or "firing alerts > 0" for an alert rule."""
+        return self.condition if self.condition is not None else ALERT_CONDITION
+
+    @property
+    def alert_only(self) -> bool:
+        """Driven by Alertmanager's alerts alone: no signal or expression of its own."""
+        return self.alert is not None and self.signal is None and self.expr is None
+
     @model_validator(mode="after")
     def _one_query(self) -> Rule:
-        if (self.signal is None) == (self.expr is None):
-            raise ValueError("give exactly one of `signal` (from the catalog) or `expr` (PromQL)")
+        if self.signal is not None and self.expr is not None:
+            raise ValueError("give one of `signal` (from the catalog) or `expr` (PromQL), not both")
+        if self.signal is None and self.expr is None:
+            if self.alert is None:
+                raise ValueError(
+                    "give `signal` (from the catalog), `expr` (PromQL) or `alert` (Alertmanager alerts)"
+                )
+            if self.condition is not None:
+                raise ValueError("an alert rule has no condition: a firing alert is its breach")
+            if self.alert.status is not None:
+                raise ValueError(
+                    "an alert rule follows its alerts (firing fires it, resolved resolves it): "
+                    "`alert.status` is for rules with a signal"
+                )
+            if self.match:
+                raise ValueError("an alert rule selects alerts with `alert.match`, not `match`")
+        elif self.condition is None:
+            raise ValueError("a rule with a signal or expr needs a `condition`, e.g. '< 0.5'")
         return self
 
 

@@ -117,7 +117,7 @@ class DemoRun:
         t = self.terminal
         arrow = f"{event.previous.value} -> {event.kind.value}"
         value = "no data" if event.value is None else f"{event.value:.3g}"
-        text = f"{event.rule:<{NAME_WIDTH}} {arrow:<20} {item.rule.signal} = {value} ({item.rule.condition})"
+        text = f"{event.rule:<{NAME_WIDTH}} {arrow:<20} {item.rule.signal} = {value} ({item.rule.test})"
         if event.kind.value == "firing":
             self.fired.setdefault(event.rule, time.monotonic() - t.started)
             t.line(text, "bold", "red")
@@ -169,7 +169,7 @@ async def _kv_ramp(sim: Simulator, to: float, seconds: float) -> None:
 
 def _write_config(directory: Path, sim_url: str, baseline: bool) -> Path:
     config = {
-        "port": 0,
+        "server": {"port": 0},
         "interval": "1s",
         "state_dir": ".",
         "sources": {"scrape": {"targets": [f"{sim_url}/metrics"], "timeout": "2s"}},

@@ -25,6 +25,7 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import Retry
 
 from daemon.redact import REDACTED, scrub, shown
+from daemon.secrets import read_secret
 from daemon.sources.base import SourceResult
 from rules.durations import format_duration
 from rules.matchers import Matcher
@@ -231,14 +232,4 @@ def _short(text: str) -> str:
 
 
 def read_token(path: Path) -> str:
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
-        raise ValueError(f"bearer token file {path}: cannot read it ({reason})") from None
-    if not token:
-        raise ValueError(f"bearer token file {path} is empty")
-    # Whitespace inside would be an invalid header, and requests quotes the value in its error.
-    if any(ch.isspace() or not ch.isprintable() for ch in token):
-        raise ValueError(f"bearer token file {path}: the token contains whitespace or control chars")
-    return token
+    return read_secret(path, "bearer token file")

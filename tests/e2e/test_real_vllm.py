@@ -222,7 +222,7 @@ async def test_acceptance_collapses_at_temperature_15_and_specguard_run_fires(
     )
     config = tmp_path / "specguard.yaml"
     config.write_text(
-        f"listen: 127.0.0.1\nport: {unused_tcp_port}\nstate_dir: state\ninterval: 1s\n"
+        f"server: {{listen: 127.0.0.1, port: {unused_tcp_port}}}\nstate_dir: state\ninterval: 1s\n"
         f"sources: {{scrape: {{targets: ['{vllm_server.metrics_url}'], timeout: 5s}}}}\n"
         "rules: [rules.yaml]\n"
     )

@@ -41,7 +41,7 @@ async def daemon(tmp_path: Path, vllm: str, unused_tcp_port: int) -> AsyncIterat
     (tmp_path / "rules.yaml").write_text(RULES.format(condition="< 0.7"))
     config = tmp_path / "specguard.yaml"
     config.write_text(
-        f"port: {unused_tcp_port}\n"
+        f"server: {{port: {unused_tcp_port}}}\n"
         f"state_dir: state\n"
         f"interval: 500ms\n"
         f"sources: {{scrape: {{targets: ['{vllm}'], timeout: 2s}}}}\n"
@@ -176,7 +176,7 @@ async def test_a_target_that_refuses_connections_is_no_data_not_a_crash(
     (tmp_path / "rules.yaml").write_text(RULES.format(condition="< 0.7"))
     config = tmp_path / "specguard.yaml"
     config.write_text(
-        f"port: {port}\nstate_dir: state\ninterval: 500ms\n"
+        f"server: {{port: {port}}}\nstate_dir: state\ninterval: 500ms\n"
         f"sources: {{scrape: {{targets: ['http://127.0.0.1:{closed}/metrics']}}}}\nrules: [rules.yaml]\n"
     )
     daemon = Daemon(config, port, tmp_path / "specguard.log")
@@ -210,7 +210,7 @@ async def test_healthz_turns_503_with_the_reason_when_rounds_stall_and_200_when_
     (tmp_path / "rules.yaml").write_text(RULES.format(condition="< 0.7"))
     config = tmp_path / "specguard.yaml"
     config.write_text(
-        f"port: {port}\nstate_dir: state\ninterval: 1s\n"
+        f"server: {{port: {port}}}\nstate_dir: state\ninterval: 1s\n"
         f"sources: {{prometheus: {{url: 'http://127.0.0.1:{prometheus.port}', timeout: 60s}}}}\n"
         f"rules: [rules.yaml]\n"
     )

@@ -59,7 +59,7 @@ def config_file(directory: Path, port: int, target: str, state_dir: str = "state
     (directory / "rules.yaml").write_text(RULES)
     path = directory / "specguard.yaml"
     path.write_text(
-        f"port: {port}\nstate_dir: {state_dir}\ninterval: 500ms\nrules: [rules.yaml]\n"
+        f"server: {{port: {port}}}\nstate_dir: {state_dir}\ninterval: 500ms\nrules: [rules.yaml]\n"
         f"sources: {{scrape: {{targets: ['{target}'], timeout: 2s}}}}\n"
     )
     return path

@@ -65,7 +65,7 @@ def write_config(
     (directory / "rules.yaml").write_text(RULES.format(condition=condition))
     config = directory / "specguard.yaml"
     config.write_text(
-        f"port: {port}\nstate_dir: state\ninterval: 500ms\n"
+        f"server: {{port: {port}}}\nstate_dir: state\ninterval: 500ms\n"
         f"sources: {{scrape: {{targets: {targets!r}, timeout: 5s}}}}\nrules: [rules.yaml]\n{extra}"
     )
     return config

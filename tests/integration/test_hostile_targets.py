@@ -57,7 +57,7 @@ def run(
     targets = "".join(f"      - {{url: '{server.url(mode)}', name: {mode}}}\n" for mode in MODES)
     config = directory / "specguard.yaml"
     config.write_text(
-        f"port: {port}\nstate_dir: state\ninterval: 1s\nrules: [rules.yaml]\n"
+        f"server: {{port: {port}}}\nstate_dir: state\ninterval: 1s\nrules: [rules.yaml]\n"
         f"sources:\n  scrape:\n    timeout: 3s\n    targets:\n{targets}"
     )
     daemon = Daemon(config, port, directory / "specguard.log")

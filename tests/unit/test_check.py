@@ -33,8 +33,9 @@ rules:
 """
 
 GOOD_CONFIG = """\
-listen: 127.0.0.1
-port: 9464
+server:
+  listen: 127.0.0.1
+  port: 9464
 sources:
   scrape:
     targets: [http://127.0.0.1:8000/metrics]
@@ -214,9 +215,80 @@ def test_an_unknown_key_in_the_second_rule_names_that_rule_and_line(
 
 
 def test_an_unknown_key_in_the_config(capsys: pytest.CaptureFixture[str]) -> None:
-    write("cfg.yaml", "port: 9464\nlisen: 0.0.0.0\n")
+    write("cfg.yaml", "interval: 5s\nlisen: 0.0.0.0\n")
     code, _, err = check(capsys, "--config", "cfg.yaml")
     assert_one_error(code, err, "cfg.yaml:2: lisen: unknown key")
+
+
+def test_listen_and_port_at_the_top_say_where_they_moved(capsys: pytest.CaptureFixture[str]) -> None:
+    write("cfg.yaml", "interval: 5s\nport: 9464\n")
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    assert_one_error(code, err, "cfg.yaml:2: port: `port` is now `server.port`")
+
+
+def test_listening_beyond_loopback_without_a_webhook_token_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    write("cfg.yaml", "server:\n  listen: 0.0.0.0\n")
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    line = assert_one_error(code, err, "cfg.yaml:2: server.listen: listening on 0.0.0.0 would take")
+    assert "webhook_token_file" in line
+
+
+def test_listening_beyond_loopback_with_a_webhook_token_is_fine(capsys: pytest.CaptureFixture[str]) -> None:
+    write("cfg.yaml", "server:\n  listen: 0.0.0.0\n  webhook_token_file: tok\n")
+    write("tok", "s3cret\n")
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    assert code == 0, err
+    loaded = load(Path("cfg.yaml"))
+    assert (loaded.config.server.token_file() or Path()).resolve() == Path("tok").resolve()
+
+
+def test_the_webhook_token_may_come_from_a_systemd_credential(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write("creds/webhook-token", "s3cret\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(Path("creds").absolute()))
+    write("cfg.yaml", "server:\n  listen: 0.0.0.0\n")
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    assert code == 0, err
+    assert load(Path("cfg.yaml")).config.server.token_file() == Path("creds").absolute() / "webhook-token"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", "webhook token file tok is empty"),
+        ("two words\n", "the secret contains whitespace"),
+        (None, "cannot read it (No such file or directory)"),
+    ],
+)
+def test_an_unusable_webhook_token_file(
+    capsys: pytest.CaptureFixture[str], content: str | None, expected: str
+) -> None:
+    write("cfg.yaml", "server:\n  webhook_token_file: tok\n")
+    if content is not None:
+        write("tok", content)
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    line = assert_one_error(code, err, "cfg.yaml:2: server.webhook_token_file: webhook token file")
+    assert expected in line
+    assert "two words" not in err  # the secret itself is never printed
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("alertmanager", "is not a URL path"),
+        ("/metrics", "is taken"),
+        ("/api/x", "is taken"),
+        ("/a b", "is not"),
+    ],
+)
+def test_a_bad_webhook_path(capsys: pytest.CaptureFixture[str], path: str, expected: str) -> None:
+    write("cfg.yaml", f"server:\n  webhook_path: '{path}'\n")
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    line = assert_one_error(code, err, "cfg.yaml:2: server.webhook_path:")
+    assert expected in line
 
 
 def test_an_unknown_nested_key_in_the_config(capsys: pytest.CaptureFixture[str]) -> None:
@@ -270,7 +342,7 @@ def test_a_bad_page_size_in_the_config(capsys: pytest.CaptureFixture[str]) -> No
 def test_a_missing_baseline_file_is_one_error_at_its_line_and_no_contradicting_warning(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    write("cfg.yaml", "port: 9464\nbaseline: nope.json\n")
+    write("cfg.yaml", "interval: 5s\nbaseline: nope.json\n")
     code, _, err = check(capsys, "--config", "cfg.yaml")
     assert_one_error(code, err, "cfg.yaml:2: baseline: cannot read nope.json: no such file")
     assert not [line for line in warning_lines(err) if "no baseline file is configured" in line], err
@@ -473,7 +545,7 @@ def test_a_bearer_token_with_whitespace_inside_is_refused_at_check_time(
     assert_one_error(
         code,
         err,
-        "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token: the token contains",
+        "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token: the secret contains",
     )
 
 
@@ -608,7 +680,9 @@ def test_overrides_replace_the_configured_source() -> None:
     write("cfg.yaml", "rules: [rules.yaml]\n")
     write("rules.yaml", EXPR_RULE)
     assert not load(Path("cfg.yaml")).ok
-    loaded = load(Path("cfg.yaml"), (), {"sources": {"prometheus": {"url": "http://p:9090"}}, "port": None})
+    loaded = load(
+        Path("cfg.yaml"), (), {"sources": {"prometheus": {"url": "http://p:9090"}}, "server": {"port": None}}
+    )
     assert loaded.ok, loaded.problems
     assert loaded.config.sources.kind == "prometheus"
     assert loaded.config.port == 9464  # a None override leaves the value alone

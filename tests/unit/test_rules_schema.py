@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -95,14 +96,40 @@ def test_unknown_keys_in_a_rule_file_are_rejected() -> None:
     assert [item["loc"] for item in info.value.errors()] == [("groups",)]
 
 
-def test_exactly_one_of_signal_or_expr_neither() -> None:
+def test_a_rule_needs_a_signal_an_expr_or_an_alert() -> None:
     items = errors(signal=None)
-    assert "exactly one of `signal`" in items[0]["msg"]
+    assert "give `signal` (from the catalog), `expr` (PromQL) or `alert`" in items[0]["msg"]
 
 
-def test_exactly_one_of_signal_or_expr_both() -> None:
+def test_signal_and_expr_together_are_refused() -> None:
     items = errors(expr="vector(1)")
-    assert "exactly one of `signal`" in items[0]["msg"]
+    assert "not both" in items[0]["msg"]
+
+
+def test_an_alert_rule_fires_on_firing_alerts_and_has_no_condition() -> None:
+    r = Rule.model_validate({"name": "am", "alert": {"match": {"alertname": "X"}}})
+    assert r.alert_only and r.condition is None
+    assert r.test.breached(1, r.test.threshold(None)) and not r.test.breached(0, r.test.threshold(None))
+    assert "condition" in errors(signal=None, alert={"match": {"alertname": "X"}})[0]["msg"]
+
+
+@pytest.mark.parametrize(
+    ("alert", "extra", "message"),
+    [
+        (
+            {"match": {"alertname": "X"}, "status": "resolved"},
+            {},
+            "`alert.status` is for rules with a signal",
+        ),
+        ({"match": {"alertname": "X"}}, {"match": {"instance": "a"}}, "selects alerts with `alert.match`"),
+        ({"match": {}}, {}, "at least 1 item"),
+        ({"match": {"alertname": {"=~": "("}}}, {}, "invalid regular expression"),
+        ({"match": {"alertname": "X"}, "labels": {"a": "b"}}, {}, "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_alert_rules(alert: dict[str, object], extra: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        Rule.model_validate({"name": "am", "alert": alert, **extra})
 
 
 def test_expr_alone_is_accepted() -> None:
@@ -130,7 +157,7 @@ def test_a_malformed_condition_is_rejected_on_the_condition_field() -> None:
 
 
 def test_the_condition_is_required() -> None:
-    assert ("condition",) in locs(condition=None)
+    assert "needs a `condition`" in errors(condition=None)[0]["msg"]
 
 
 @pytest.mark.parametrize("name", ["1rule", "has space", "a/b", ""])
@@ -178,12 +205,13 @@ def test_group_by_and_actions_become_tuples() -> None:
     assert r.actions == ("log", "slack")
 
 
-def test_alert_matchers_need_labels_and_a_known_status() -> None:
-    assert AlertMatch(labels={"alertname": "X"}).status == "firing"
-    with pytest.raises(ValidationError):
-        AlertMatch(labels={})
-    with pytest.raises(ValidationError, match="firing, resolved or any"):
-        AlertMatch(labels={"a": "b"}, status="pending")
+def test_alert_matchers_use_prometheus_operators_and_a_known_status() -> None:
+    match = AlertMatch.model_validate({"match": {"alertname": "X", "severity": {"!~": "info|none"}}})
+    assert [str(m) for m in match.matchers] == ['alertname="X"', 'severity!~"info|none"']
+    assert match.triggers("firing") and not match.triggers("resolved")  # firing by default
+    assert AlertMatch.model_validate({"match": {"a": "b"}, "status": "any"}).triggers("resolved")
+    with pytest.raises(ValidationError, match="'firing', 'resolved' or 'any'"):
+        AlertMatch.model_validate({"match": {"a": "b"}, "status": "pending"})
 
 
 # --- annotation templates -------------------------------------------------------------------------

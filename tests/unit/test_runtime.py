@@ -52,7 +52,7 @@ def config(tmp_path: Path, condition: str = "< 0.5") -> Path:
         f'rules:\n  - {{name: low, signal: acceptance_rate, condition: "{condition}", window: 10s}}\n'
     )
     path = tmp_path / "specguard.yaml"
-    path.write_text("port: 0\nstate_dir: state\ninterval: 200ms\nrules: [rules.yaml]\n")
+    path.write_text("server: {port: 0}\nstate_dir: state\ninterval: 200ms\nrules: [rules.yaml]\n")
     return path
 
 
