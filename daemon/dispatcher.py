@@ -83,6 +83,7 @@ class Dispatcher:
             shadow=item.rule.shadow,
             dry_run=self.dry_run,
             runs=runs,
+            trigger=event.trigger,
         )
 
     async def run(self, ids: Sequence[int] | None = None) -> None:

@@ -34,6 +34,9 @@ from daemon.sources.base import SourceResult
 from rules.conditions import Condition
 from rules.schema import NoDataPolicy
 
+# What evaluated a rule: its schedule, unless an Alertmanager delivery did (see daemon.alertmanager).
+SCHEDULE = "schedule"
+
 
 class State(StrEnum):
     INACTIVE = "inactive"
@@ -80,6 +83,7 @@ class SeriesState:
     ok_since: float | None = None  # first ok evaluation of a firing series (keep_firing_for)
     last_data: float | None = None  # last evaluation that had a value for the series
     last_seen: float | None = None  # last evaluation whose source knew the series
+    moved_by: str | None = None  # the trigger of the evaluation that last changed the state
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class Event:
     at: float
     value: float | None
     threshold: float | None
+    trigger: str = SCHEDULE
 
 
 @dataclass(frozen=True)
@@ -122,11 +127,13 @@ def evaluate(
     threshold: Threshold | ThresholdFor,
     previous: Mapping[str, SeriesState],
     now: float,
+    trigger: str = SCHEDULE,
 ) -> Outcome:
     """One evaluation.
 
     ``threshold`` is the number to compare with, an error message for the whole rule, or a function
-    of a series' labels giving either (a baseline per model).
+    of a series' labels giving either (a baseline per model). ``trigger`` says what asked for the
+    evaluation; events and changed states carry it.
     """
     rule_error = (
         result.error if result.error is not None else (threshold if isinstance(threshold, str) else None)
@@ -141,7 +148,7 @@ def evaluate(
     def threshold_of(labels: Mapping[str, str]) -> Threshold:
         return threshold(labels) if callable(threshold) else float(threshold)
 
-    step = _Stepper(rule, now)
+    step = _Stepper(rule, now, trigger)
     observed = {series_key(s.labels): s for s in result.series}
     invalid = {series_key(s.labels): s for s in result.invalid}
 
@@ -198,9 +205,10 @@ def _last_seen(state: SeriesState) -> float:
 class _Stepper:
     """Moves series one at a time, collecting new states, events and verdicts."""
 
-    def __init__(self, rule: RuleSpec, now: float) -> None:
+    def __init__(self, rule: RuleSpec, now: float, trigger: str) -> None:
         self.rule = rule
         self.now = now
+        self.trigger = trigger
         self.states: dict[str, SeriesState] = {}
         self.events: list[Event] = []
         self.verdicts: dict[str, Verdict] = {}
@@ -259,7 +267,17 @@ class _Stepper:
         self, key: str, series: SeriesState, state: State, value: float | None, threshold: float | None
     ) -> None:
         self.events.append(
-            Event(self.rule.name, key, series.labels, state, series.state, self.now, value, threshold)
+            Event(
+                self.rule.name,
+                key,
+                series.labels,
+                state,
+                series.state,
+                self.now,
+                value,
+                threshold,
+                self.trigger,
+            )
         )
 
     def _move(
@@ -279,7 +297,7 @@ class _Stepper:
 
         def enter(series: SeriesState, state: State, **changes: float | None) -> SeriesState:
             self._event(key, series, state, value, threshold)
-            return replace(series, state=state, since=now, **changes)  # type: ignore[arg-type]
+            return replace(series, state=state, since=now, moved_by=self.trigger, **changes)  # type: ignore[arg-type]
 
         if effective is Verdict.BREACH:
             new = replace(new, consecutive=old.consecutive + 1, last_breach=now, ok_since=None)

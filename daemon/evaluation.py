@@ -9,8 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from daemon.alertmanager.book import AlertBook
 from daemon.baseline import Baseline
-from daemon.engine import Outcome, RuleSpec, SeriesState, Threshold, ThresholdFor, evaluate, series_key
+from daemon.engine import (
+    SCHEDULE,
+    Outcome,
+    RuleSpec,
+    SeriesState,
+    Threshold,
+    ThresholdFor,
+    evaluate,
+    series_key,
+)
 from daemon.loading import LoadedRule
 from daemon.sources.base import Invalid, Source, SourceResult
 from rules.conditions import MissingBaseline
@@ -115,8 +125,18 @@ _NO_BASELINE = (
 )
 
 
-async def query(item: LoadedRule, source: Source, baseline: Baseline | None = None) -> SourceResult:
+NO_ALERTS = (
+    "an alert rule is fed by Alertmanager's webhook: `specguard run` receives its alerts "
+    "(`eval --alerts FILE` evaluates it on a saved delivery)"
+)
+
+
+async def query(
+    item: LoadedRule, source: Source, baseline: Baseline | None = None, alerts: AlertBook | None = None
+) -> SourceResult:
     rule = item.rule
+    if rule.alert_only:
+        return alerts.query(item) if alerts is not None else SourceResult.failed(NO_ALERTS)
     if rule.expr is not None:
         return await source.query_expr(rule.expr)
     assert rule.signal is not None
@@ -130,8 +150,13 @@ async def evaluate_rule(
     previous: Mapping[str, SeriesState],
     now: float,
     interval: float,
+    alerts: AlertBook | None = None,
+    trigger: str = SCHEDULE,
 ) -> tuple[Outcome, SourceResult]:
-    """The engine's outcome, and the source's answer it was computed from."""
+    """The engine's outcome, and the source's answer it was computed from.
+
+    An alert rule reads ``alerts``; ``trigger`` says what asked for this evaluation.
+    """
     threshold = thresholds(item, baseline)
-    result = await query(item, source, baseline) if not isinstance(threshold, str) else SourceResult()
-    return evaluate(spec_of(item, interval), result, threshold, previous, now), result
+    result = await query(item, source, baseline, alerts) if not isinstance(threshold, str) else SourceResult()
+    return evaluate(spec_of(item, interval), result, threshold, previous, now, trigger), result

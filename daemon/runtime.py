@@ -17,18 +17,24 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from daemon import __version__, systemd
+from daemon.alertmanager.book import AlertBook, Receipt
+from daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
+from daemon.alertmanager.payload import Message
+from daemon.alertmanager.receiver import make_handler
 from daemon.config import Config
 from daemon.dispatcher import Dispatcher
-from daemon.engine import Outcome, SeriesState, State, Verdict
+from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
+from daemon.secrets import read_secret
 from daemon.selfmetrics import DaemonMetrics
-from daemon.server import start_server
+from daemon.server import Webhook, start_server
 from daemon.sources.base import Source, SourceResult
 from daemon.status import health as health_of
 from daemon.status import rule_rows
 from daemon.store import EventRecord, Store, StoreError
 from rules.durations import format_duration
+from rules.matchers import all_match
 
 log = logging.getLogger("specguard")
 
@@ -87,6 +93,11 @@ class Daemon:
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
         self.source: Source = make_source(loaded.config, retention_for(loaded))
         self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
+        self.alerts = AlertBook()  # what Alertmanager has said, alert by alert
+        self.inbox = Inbox(self.store)
+        self.webhook_token: str | None = None
+        self._alert_queue: asyncio.Queue[list[Receipt]] = asyncio.Queue()
+        self._rule_locks: dict[str, asyncio.Lock] = {}  # one evaluation of a rule at a time
         self.states: dict[str, dict[str, SeriesState]] = {}
         self.rule_errors: dict[str, str | None] = {}
         self.scheduler: AsyncIOScheduler | None = None
@@ -129,8 +140,29 @@ class Daemon:
             firing,
         )
         await self.dispatcher.run()  # runs left unfinished by the previous process
+        self.alerts.load(await self.inbox.known())
+        unprocessed = await self.inbox.unprocessed()  # stored, then the process stopped
+        if unprocessed:
+            log.info("%d alert(s) received before the last stop are acted on now", len(unprocessed))
+            self._alert_queue.put_nowait(unprocessed)
         config = self.loaded.config
-        self._site_runner, self.port = await start_server(self, config.listen, config.port)
+        try:
+            self.webhook_token = _webhook_token(config)
+        except ValueError as exc:  # readable when the config was loaded, not any more
+            raise SystemExit(f"specguard: {exc}") from None
+        server = config.server
+        webhook = Webhook(
+            server.webhook_path,
+            make_handler(self, lambda: self.webhook_token, server.webhook_max_body_size, self.metrics),
+            server.webhook_max_body_size,
+        )
+        self._site_runner, self.port = await start_server(self, config.listen, config.port, webhook=webhook)
+        if self.webhook_token is None:
+            log.info(
+                "the Alertmanager webhook at %s takes deliveries without a token (loopback only)",
+                server.webhook_path,
+            )
+        self._spawn(self._process_alerts())
         self._start_scheduler()
         if handle_signals:
             self._install_signal_handlers()
@@ -226,6 +258,9 @@ class Daemon:
             self.scheduler.add_job(
                 self._refresh, IntervalTrigger(seconds=every), id="scrape", next_run_time=now
             )
+        self.scheduler.add_job(
+            self._prune_alerts, IntervalTrigger(hours=1), id="prune-alerts", next_run_time=now
+        )
         intervals = sorted({self._interval_of(r) for r in self.loaded.enabled_rules()})
         self.last_round_of = {interval: self.last_round_of.get(interval) for interval in intervals}
         for interval in intervals:
@@ -238,6 +273,8 @@ class Daemon:
             )
 
     def _on_overrun(self, event: JobExecutionEvent) -> None:
+        if not event.job_id.startswith(("scrape", "evaluate-")):
+            return
         if event.job_id == "scrape":  # a slow target held the previous scrape: not a late round
             self.metrics.scrapes_skipped.inc()
             log.debug("scrape skipped: the previous one is still running")
@@ -275,7 +312,6 @@ class Daemon:
 
     async def _round(self, interval: float | None) -> None:
         started = time.monotonic()
-        now = time.time()
         rules = [
             r for r in self.loaded.enabled_rules() if interval is None or self._interval_of(r) == interval
         ]
@@ -283,7 +319,7 @@ class Daemon:
             await self._retry_store()
         for item in rules:
             try:
-                await self._evaluate_one(item, now)
+                await self._evaluate_one(item)
             except StoreError as exc:
                 self._store_failed(str(exc))
             except Exception:  # one rule's failure must not stop the others
@@ -296,10 +332,24 @@ class Daemon:
             self.last_round_of[each] = self.last_round
         self.metrics.last_evaluation.set(self.last_round)
 
-    async def _evaluate_one(self, item: LoadedRule, now: float) -> None:
+    async def _evaluate_one(self, item: LoadedRule, trigger: str = SCHEDULE) -> None:
+        # The schedule and a webhook delivery may both want the rule: one after the other, each
+        # on the states the other left.
+        lock = self._rule_locks.setdefault(item.name, asyncio.Lock())
+        async with lock:
+            await self._evaluate_locked(item, time.time(), trigger)
+
+    async def _evaluate_locked(self, item: LoadedRule, now: float, trigger: str) -> None:
         name = item.name
         outcome, result = await evaluate_rule(
-            item, self.source, self.loaded.baseline, self.states.get(name, {}), now, self._interval_of(item)
+            item,
+            self.source,
+            self.loaded.baseline,
+            self.states.get(name, {}),
+            now,
+            self._interval_of(item),
+            alerts=self.alerts,
+            trigger=trigger,
         )
         for key in outcome.forgotten:
             old = self.states.get(name, {}).get(key)
@@ -331,15 +381,82 @@ class Daemon:
                 observer(item, record)
             self.metrics.events.labels(name, event.kind.value).inc()
             log.info(
-                "%s: %s -> %s: %s",
+                "%s: %s -> %s: %s%s",
                 name,
                 event.previous.value,
                 event.kind.value,
                 record.summary,
-                extra={"rule": name, "labels": dict(event.labels), "value": event.value},
+                "" if event.trigger == SCHEDULE else f" [{event.trigger}]",
+                extra={
+                    "rule": name,
+                    "labels": dict(event.labels),
+                    "value": event.value,
+                    "trigger": event.trigger,
+                },
             )
         if pending:
             await self.dispatcher.run(pending)
+
+    # --- Alertmanager ----------------------------------------------------------------------------
+
+    async def deliver(self, message: Message, received: float) -> Stored:
+        """A webhook delivery: stored (the answer waits for this), then acted on in order."""
+        stored = await self.inbox.put(message, received)
+        if stored.new:
+            self._alert_queue.put_nowait(list(stored.new))
+        return stored
+
+    async def _process_alerts(self) -> None:
+        """Alert states in the order they were stored: the alert book learns them, then every rule
+        they concern is evaluated at once, and they are marked done."""
+        while True:
+            receipts = await self._alert_queue.get()
+            while not self._alert_queue.empty():
+                receipts.extend(self._alert_queue.get_nowait())
+            task = asyncio.current_task()
+            assert task is not None
+            self._rounds.add(task)  # a stop lets this finish, as it lets a round finish
+            try:
+                await self._act_on_alerts(receipts)
+            finally:
+                self._rounds.discard(task)
+
+    async def _act_on_alerts(self, receipts: list[Receipt]) -> None:
+        for receipt in receipts:
+            self.alerts.update(receipt)
+        for item in self.loaded.enabled_rules():
+            alert = item.rule.alert
+            if alert is None:
+                continue
+            concerned = [
+                r
+                for r in receipts
+                if all_match(alert.matchers, r.labels) and (item.rule.alert_only or alert.triggers(r.status))
+            ]
+            if not concerned:
+                continue
+            try:
+                await self._evaluate_one(item, _alert_trigger(concerned))
+            except StoreError as exc:
+                self._store_failed(str(exc))
+                return  # left unprocessed: acted on after the store recovers or at the next start
+            except Exception:
+                log.exception("rule %s: evaluation on an Alertmanager delivery failed", item.name)
+        try:
+            await self.inbox.mark_processed([r.id for r in receipts], time.time())
+        except StoreError as exc:
+            self._store_failed(str(exc))
+
+    async def _prune_alerts(self) -> None:
+        now = time.time()
+        self.alerts.prune(now)
+        try:
+            removed = await self.inbox.prune(now - RECEIPT_RETENTION)
+        except StoreError as exc:
+            self._store_failed(str(exc))
+            return
+        if removed:
+            log.info("dropped %d alert receipts older than %s", removed, format_duration(RECEIPT_RETENTION))
 
     def _store_failed(self, message: str) -> None:
         self.metrics.store_errors.inc()
@@ -394,6 +511,19 @@ class Daemon:
                 log.warning("reload: listen address changes take effect after a restart")
             if old.config.resolved_state_dir() != new.config.resolved_state_dir():
                 log.warning("reload: state_dir changes take effect after a restart")
+            if (old.config.server.webhook_path, old.config.server.webhook_max_body_size) != (
+                new.config.server.webhook_path,
+                new.config.server.webhook_max_body_size,
+            ):
+                log.warning(
+                    "reload: webhook_path and webhook_max_body_size changes take effect after a restart"
+                )
+            try:
+                token = _webhook_token(new.config)
+            except ValueError as exc:
+                self.metrics.config_reloads.labels("failed").inc()
+                log.error("reload failed: keeping the running configuration: %s", exc)
+                return False
             if old.config.sources != new.config.sources or retention_for(old) != retention_for(new):
                 try:
                     source = make_source(new.config, retention_for(new))
@@ -406,6 +536,7 @@ class Daemon:
                     adopt(self.source)  # targets kept across the reload keep their samples
                 await self.source.close()
                 self.source = source
+            self.webhook_token = token
             self.loaded = new
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.dry_run = new.config.dry_run
@@ -456,6 +587,11 @@ class Daemon:
                 "targets": targets() if targets is not None else [],
             },
             "store": {"path": str(self.store.path), "error": self.store_error},
+            "webhook": {
+                "path": self.loaded.config.server.webhook_path,
+                "authenticated": self.webhook_token is not None,
+                "alerts": self.alerts.counts(),
+            },
             "dry_run": self.loaded.config.dry_run,
             "last_evaluation": self.last_round,
             "rules": self.rule_rows(),
@@ -463,6 +599,25 @@ class Daemon:
 
     def rule_rows(self) -> list[dict[str, Any]]:
         return rule_rows(self.loaded.enabled_rules(), self.states, self.rule_errors, self.rule_verdicts)
+
+
+def _webhook_token(config: Config) -> str | None:
+    """The webhook's bearer token (loading checked that it can be read)."""
+    path = config.server.token_file()
+    return read_secret(path, "webhook token file") if path is not None else None
+
+
+def _alert_trigger(receipts: Sequence[Receipt]) -> str:
+    """``alertmanager: AcceptanceLow firing (delivery 12)``: what moved a rule, for its events."""
+    seen = list(dict.fromkeys(f"{r.name or r.fingerprint} {r.status}" for r in receipts))
+    shown = ", ".join(seen[:3]) + (f" and {len(seen) - 3} more" if len(seen) > 3 else "")
+    deliveries = sorted({r.delivery_id for r in receipts})
+    which = (
+        f"delivery {deliveries[0]}"
+        if len(deliveries) == 1
+        else f"deliveries {deliveries[0]}-{deliveries[-1]}"
+    )
+    return f"alertmanager: {shown} ({which})"
 
 
 def _rule_verdict(outcome: Outcome, result: SourceResult) -> tuple[str, str | None]:

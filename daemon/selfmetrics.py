@@ -65,6 +65,35 @@ class DaemonMetrics:
         self.config_reloads = Counter(
             "specguard_config_reloads", "Config reloads by result", ["result"], registry=r
         )
+        self.webhook_deliveries = Counter(
+            "specguard_webhook_deliveries",
+            "Alertmanager webhook deliveries by outcome: stored (new alert states), duplicate (all "
+            "known), unauthorized, bad_request, too_large, store_failing",
+            ["outcome"],
+            registry=r,
+        )
+        self.webhook_alerts = Counter(
+            "specguard_webhook_alerts",
+            "Alerts in accepted webhook deliveries, by status",
+            ["status"],
+            registry=r,
+        )
+        self.webhook_duplicates = Counter(
+            "specguard_webhook_duplicate_alerts",
+            "Alert states received again (same fingerprint, status and startsAt) and not acted on again",
+            registry=r,
+        )
+        self.webhook_truncated = Counter(
+            "specguard_webhook_truncated_alerts",
+            "Alerts Alertmanager left out of deliveries (its max_alerts), from truncatedAlerts",
+            registry=r,
+        )
+        self.webhook_seconds = Histogram(
+            "specguard_webhook_handling_seconds",
+            "Time from a webhook request to its answer (the delivery stored, or refused)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
         self.last_evaluation = Gauge(
             "specguard_last_evaluation_timestamp_seconds",
             "When the last round finished",

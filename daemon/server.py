@@ -6,6 +6,8 @@ so the runtime depends on the server and not the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -43,12 +45,25 @@ async def api_status(request: web.Request) -> web.Response:
     return web.json_response(request.app[OBSERVED_KEY].status())
 
 
-def build_app(observed: Observed) -> web.Application:
-    app = web.Application(client_max_size=1024**2)
+@dataclass(frozen=True)
+class Webhook:
+    """A POST endpoint served beside the daemon's own (Alertmanager's receiver)."""
+
+    path: str
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    max_body: int
+
+
+def build_app(observed: Observed, webhook: Webhook | None = None) -> web.Application:
+    # aiohttp answers 413 itself past client_max_size; the webhook's handler says more first
+    # when the request declares its length.
+    app = web.Application(client_max_size=webhook.max_body if webhook else 1024**2)
     app[OBSERVED_KEY] = observed
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/status", api_status)
     app.router.add_get("/metrics", make_aiohttp_handler(observed.registry))
+    if webhook is not None:
+        app.router.add_post(webhook.path, webhook.handler)
     return app
 
 
@@ -61,11 +76,15 @@ MAX_CONNECTIONS = 256
 
 
 async def start_server(
-    observed: Observed, listen: str, port: int, max_connections: int = MAX_CONNECTIONS
+    observed: Observed,
+    listen: str,
+    port: int,
+    max_connections: int = MAX_CONNECTIONS,
+    webhook: Webhook | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Start listening; returns the runner (for cleanup) and the bound port."""
     runner = web.AppRunner(
-        build_app(observed),
+        build_app(observed, webhook),
         handle_signals=False,
         access_log=None,
         shutdown_timeout=5.0,

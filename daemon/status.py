@@ -60,6 +60,7 @@ def rule_rows(
             "condition": str(rule.test),
             "severity": rule.severity.value,
             "shadow": rule.shadow,
+            "alert": [str(m) for m in rule.alert.matchers] if rule.alert is not None else None,
             "error": errors.get(rule.name),
         }
         series_of = states.get(rule.name, {})
@@ -87,6 +88,7 @@ def rule_rows(
                     "threshold": series.threshold,
                     "verdict": series.verdict.value if series.verdict else None,
                     "since": series.since,
+                    "moved_by": series.moved_by,
                     "error": series.error or common["error"],
                 }
             )

@@ -31,23 +31,31 @@ class StoreError(Exception):
     """The store cannot be read or written; the message names the file and the reason."""
 
 
-SCHEMA_VERSION = 2
-# Columns each schema version added to series_state, so an older database is brought up to date.
-_SERIES_COLUMNS_SINCE = {2: ("ok_since REAL", "last_data REAL", "last_seen REAL")}
+SCHEMA_VERSION = 3
+# Columns each schema version added to a table, so an older database is brought up to date.
+_COLUMNS_SINCE = {
+    2: (
+        ("series_state", "ok_since REAL"),
+        ("series_state", "last_data REAL"),
+        ("series_state", "last_seen REAL"),
+    ),
+    3: (("events", "trigger TEXT NOT NULL DEFAULT 'schedule'"), ("series_state", "moved_by TEXT")),
+}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS series_state (
     rule TEXT NOT NULL, series TEXT NOT NULL, labels TEXT NOT NULL, state TEXT NOT NULL,
     since REAL, breach_since REAL, last_breach REAL, consecutive INTEGER NOT NULL,
     verdict TEXT, value REAL, threshold REAL, error TEXT, last_eval REAL,
-    ok_since REAL, last_data REAL, last_seen REAL,
+    ok_since REAL, last_data REAL, last_seen REAL, moved_by TEXT,
     PRIMARY KEY (rule, series)
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, rule TEXT NOT NULL,
     series TEXT NOT NULL, labels TEXT NOT NULL, kind TEXT NOT NULL, previous TEXT NOT NULL,
     value REAL, threshold REAL, severity TEXT NOT NULL, summary TEXT NOT NULL,
-    annotations TEXT NOT NULL, shadow INTEGER NOT NULL, dry_run INTEGER NOT NULL
+    annotations TEXT NOT NULL, shadow INTEGER NOT NULL, dry_run INTEGER NOT NULL,
+    trigger TEXT NOT NULL DEFAULT 'schedule'
 );
 CREATE INDEX IF NOT EXISTS events_rule_at ON events (rule, at);
 CREATE TABLE IF NOT EXISTS action_runs (
@@ -57,6 +65,20 @@ CREATE TABLE IF NOT EXISTS action_runs (
     attempts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS action_runs_status ON action_runs (status);
+-- Alertmanager webhook deliveries (one row per accepted POST), and each alert state they brought,
+-- once: (fingerprint, status, starts_at) is the deduplication key across retries and restarts.
+CREATE TABLE IF NOT EXISTS deliveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, received REAL NOT NULL, group_key TEXT NOT NULL,
+    receiver TEXT NOT NULL, status TEXT NOT NULL, alerts INTEGER NOT NULL, new_alerts INTEGER NOT NULL,
+    truncated INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS alert_receipts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, delivery_id INTEGER NOT NULL REFERENCES deliveries (id),
+    fingerprint TEXT NOT NULL, status TEXT NOT NULL, starts_at TEXT NOT NULL, ends_at TEXT,
+    labels TEXT NOT NULL, annotations TEXT NOT NULL, received REAL NOT NULL, processed REAL,
+    UNIQUE (fingerprint, status, starts_at)
+);
+CREATE INDEX IF NOT EXISTS alert_receipts_unprocessed ON alert_receipts (processed) WHERE processed IS NULL;
 """
 
 
@@ -71,6 +93,7 @@ class EventRecord:
     shadow: bool
     dry_run: bool
     runs: Sequence[tuple[str, str, str]]  # (action, status, reason); status pending|skipped
+    trigger: str = "schedule"  # what evaluated the rule: the schedule, or an Alertmanager delivery
 
 
 @dataclass(frozen=True)
@@ -101,6 +124,11 @@ class Store:
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._with_db, fn)
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the writer thread (for the modules that own other tables, such as the
+        webhook inbox). Raises StoreError when SQLite fails."""
+        return await self._call(fn)
 
     def _with_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
@@ -213,7 +241,7 @@ def _open(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA synchronous=FULL")
     db.execute("PRAGMA foreign_keys=ON")
     db.execute("PRAGMA busy_timeout=5000")
-    with _transaction(db):
+    with transaction(db):
         # statement by statement: executescript() would commit behind the transaction's back
         for statement in _SCHEMA.split(";"):
             if statement.strip():
@@ -232,15 +260,15 @@ def _open(path: Path) -> sqlite3.Connection:
 
 def _upgrade(db: sqlite3.Connection, version: int) -> None:
     """Bring a database written by an older specguard up to SCHEMA_VERSION (inside the transaction)."""
-    present = {row["name"] for row in db.execute("PRAGMA table_info(series_state)")}
     for since in range(version + 1, SCHEMA_VERSION + 1):
-        for column in _SERIES_COLUMNS_SINCE.get(since, ()):
+        for table, column in _COLUMNS_SINCE.get(since, ()):
+            present = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
             if column.split()[0] not in present:
-                db.execute(f"ALTER TABLE series_state ADD COLUMN {column}")
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
     db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
-class _transaction:
+class transaction:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any failure, the commit's own included: a failed
     write (a full disk) must not leave a transaction open that every later write would trip on."""
 
@@ -292,6 +320,7 @@ def _load_states(db: sqlite3.Connection) -> dict[str, dict[str, SeriesState]]:
             ok_since=row["ok_since"],
             last_data=row["last_data"],
             last_seen=row["last_seen"],
+            moved_by=row["moved_by"],
         )
     return out
 
@@ -303,12 +332,12 @@ def _commit(
     records: Sequence[EventRecord],
 ) -> list[int]:
     pending: list[int] = []
-    with _transaction(db):
+    with transaction(db):
         db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
         db.executemany(
             "INSERT INTO series_state (rule, series, labels, state, since, breach_since, last_breach, "
-            "consecutive, verdict, value, threshold, error, last_eval, ok_since, last_data, last_seen) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "consecutive, verdict, value, threshold, error, last_eval, ok_since, last_data, last_seen, "
+            "moved_by) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (
                     rule,
@@ -327,6 +356,7 @@ def _commit(
                     s.ok_since,
                     s.last_data,
                     s.last_seen,
+                    s.moved_by,
                 )
                 for key, s in states.items()
             ],
@@ -335,7 +365,7 @@ def _commit(
             e = record.event
             cursor = db.execute(
                 "INSERT INTO events (at, rule, series, labels, kind, previous, value, threshold, severity, "
-                "summary, annotations, shadow, dry_run) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "summary, annotations, shadow, dry_run, trigger) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     e.at,
                     e.rule,
@@ -350,6 +380,7 @@ def _commit(
                     json.dumps(dict(record.annotations)),
                     int(record.shadow),
                     int(record.dry_run),
+                    record.trigger,
                 ),
             )
             event_id = cursor.lastrowid
@@ -366,7 +397,7 @@ def _commit(
 def _forget(db: sqlite3.Connection, keep: set[str]) -> int:
     rules = {row["rule"] for row in db.execute("SELECT DISTINCT rule FROM series_state")}
     gone = rules - keep
-    with _transaction(db):
+    with transaction(db):
         for rule in gone:
             db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
     return len(gone)

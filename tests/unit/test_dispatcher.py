@@ -221,4 +221,32 @@ async def test_a_database_from_the_previous_version_is_upgraded_and_keeps_its_st
     finally:
         await store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+
+
+V2_EVENTS = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '2');
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, rule TEXT NOT NULL,
+    series TEXT NOT NULL, labels TEXT NOT NULL, kind TEXT NOT NULL, previous TEXT NOT NULL,
+    value REAL, threshold REAL, severity TEXT NOT NULL, summary TEXT NOT NULL,
+    annotations TEXT NOT NULL, shadow INTEGER NOT NULL, dry_run INTEGER NOT NULL
+);
+INSERT INTO events VALUES (1, 10, 'low', '{}', '{}', 'firing', 'pending', 0.2, 0.5, 'warning', 's', '{}', 0, 0);
+"""
+
+
+async def test_events_from_version_2_are_kept_and_read_as_moved_by_the_schedule(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "specguard.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(V2_EVENTS)
+    store = Store(path)
+    await store.open()
+    try:
+        (old,) = await store.events()
+        assert (old["rule"], old["kind"], old["trigger"]) == ("low", "firing", "schedule")
+    finally:
+        await store.close()

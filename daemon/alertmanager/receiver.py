@@ -1,0 +1,137 @@
+"""``POST /alertmanager``: Alertmanager's webhook, answered by its retry contract.
+
+Alertmanager retries a 5xx and a failed connection, and drops every 4xx for good. So:
+
+- 200 once the delivery is durably stored (a repeat of what is stored is a 200 too, stored once);
+- 401 for a missing or wrong bearer token (compared in constant time);
+- 415 for a body that is not declared JSON, 413 over the size limit, 400 for anything that is not
+  a version 4 payload, each with the reason in the body and in the log;
+- 503 when the store cannot take the delivery, so that Alertmanager sends it again.
+
+Nothing a client sends produces a 500 or a traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from aiohttp import web
+
+from daemon.alertmanager.inbox import Stored
+from daemon.alertmanager.payload import BadPayload, Message, parse
+from daemon.selfmetrics import DaemonMetrics
+from daemon.store import StoreError
+
+log = logging.getLogger("specguard.webhook")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Sink(Protocol):
+    """Where a valid delivery goes: stored, then acted on."""
+
+    async def deliver(self, message: Message, received: float) -> Stored:
+        """Store ``message`` (raises StoreError when it cannot) and queue what it triggers."""
+        ...
+
+
+def _reject(status: int, outcome: str, reason: str, metrics: DaemonMetrics, **headers: str) -> web.Response:
+    metrics.webhook_deliveries.labels(outcome).inc()
+    return web.json_response({"status": "rejected", "reason": reason}, status=status, headers=headers)
+
+
+def make_handler(
+    sink: Sink, token: Callable[[], str | None], max_body: int, metrics: DaemonMetrics
+) -> Handler:
+    """The handler. ``token`` gives the expected bearer token (None: no authentication), read at
+    each request so that a reload can rotate it."""
+
+    async def receive(request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        try:
+            return await _receive(request)
+        finally:
+            metrics.webhook_seconds.observe(time.monotonic() - started)
+
+    async def _receive(request: web.Request) -> web.StreamResponse:
+        peer = request.remote or "?"
+        secret = token()
+        if secret is not None:
+            expected = f"Bearer {secret}".encode()
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, expected):
+                why = "missing bearer token" if not given else "wrong bearer token"
+                log.warning("webhook from %s refused: %s", peer, why)
+                return _reject(401, "unauthorized", why, metrics, **{"WWW-Authenticate": "Bearer"})
+        if request.content_type != "application/json":
+            declared = request.headers.get("Content-Type")
+            why = (
+                f"Content-Type must be application/json, not {declared!r}"
+                if declared
+                else "Content-Type is missing: send application/json"
+            )
+            log.warning("webhook from %s refused: %s", peer, why)
+            return _reject(415, "bad_request", why, metrics)
+        if request.content_length is not None and request.content_length > max_body:
+            return _too_large(peer, request.content_length)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large(peer, None)
+        try:
+            message = parse(body)
+        except BadPayload as exc:
+            log.warning("webhook from %s refused: %s", peer, exc)
+            return _reject(400, "bad_request", str(exc), metrics)
+        try:
+            stored = await sink.deliver(message, time.time())
+        except StoreError as exc:
+            log.error("webhook from %s not stored, Alertmanager will retry: %s", peer, exc)
+            return _reject(
+                503, "store_failing", f"cannot store the delivery: {exc}", metrics, **{"Retry-After": "5"}
+            )
+        outcome = "stored" if stored.new else "duplicate"
+        metrics.webhook_deliveries.labels(outcome).inc()
+        for alert in message.alerts:
+            metrics.webhook_alerts.labels(alert.status.value).inc()
+        metrics.webhook_duplicates.inc(stored.duplicates)
+        if message.truncated_alerts:
+            metrics.webhook_truncated.inc(message.truncated_alerts)
+            log.warning(
+                "webhook delivery %d for group %s left out %d alerts (Alertmanager's max_alerts)",
+                stored.delivery_id,
+                message.group_key,
+                message.truncated_alerts,
+            )
+        log.info(
+            "webhook delivery %d from %s: %s, group %s: %d alerts, %d new, %d already known",
+            stored.delivery_id,
+            peer,
+            message.status.value,
+            message.group_key,
+            len(message.alerts),
+            len(stored.new),
+            stored.duplicates,
+            extra={"delivery": stored.delivery_id, "group_key": message.group_key},
+        )
+        return web.json_response(
+            {
+                "status": outcome,
+                "delivery": stored.delivery_id,
+                "alerts": len(message.alerts),
+                "new": len(stored.new),
+                "duplicates": stored.duplicates,
+            }
+        )
+
+    def _too_large(peer: str, size: int | None) -> web.Response:
+        given = f" ({size} bytes)" if size is not None else ""
+        why = f"body over the limit of {max_body} bytes{given}: lower Alertmanager's max_alerts or raise server.webhook_max_body_size"
+        log.warning("webhook from %s refused: %s", peer, why)
+        return _reject(413, "too_large", why, metrics)
+
+    return receive
