@@ -271,10 +271,11 @@ async def test_keep_firing_for_runs_its_course_on_the_schedule(
     kind, _, trigger = events(daemon, "am_low")[-1]
     assert (kind, trigger) == ("resolved", "schedule")
     db = sqlite3.connect(daemon.store.path)
-    (firing_at,), (resolved_at,) = db.execute(
+    (fired_at,), (resolved_at,) = db.execute(
         "SELECT at FROM events WHERE rule='am_low' AND kind IN ('firing', 'resolved') ORDER BY id"
     )
     (ok_at,) = db.execute("SELECT received FROM deliveries WHERE id=2").fetchone()
+    assert fired_at < ok_at
     assert resolved_at - ok_at >= 1.0  # recorded times, not the wall clock of this test
 
 

@@ -1,0 +1,140 @@
+"""The webhook's pieces without a server: the payload as Alertmanager writes it, and the alert book
+that alert rules read (newest state per alert, grouping, late copies)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from daemon.alertmanager.book import AlertBook, Receipt
+from daemon.alertmanager.payload import BadPayload, parse
+from daemon.loading import LoadedRule
+from rules.schema import Rule
+from tests.am_payloads import alert, message
+
+LOW = {"alertname": "AcceptanceLow", "instance": "a:8000", "model_name": "m", "severity": "warning"}
+
+
+def body(data: Any) -> bytes:
+    return json.dumps(data).encode()
+
+
+def test_a_firing_alerts_zero_ends_at_is_unset_and_nanoseconds_parse() -> None:
+    parsed = parse(body(message(alert(LOW, starts_at="2026-08-20T10:00:00.123456789Z"))))
+    (first,) = parsed.alerts
+    assert first.ends_at is None  # "0001-01-01T00:00:00Z" is Go's zero time, not a moment
+    assert first.starts_at == datetime(2026, 8, 20, 10, 0, 0, 123456, tzinfo=UTC)
+    assert first.starts == "2026-08-20T10:00:00.123456+00:00"
+    resolved = parse(body(message(alert(LOW, status="resolved", ends_at="2026-08-20T10:05:00Z"))))
+    assert resolved.alerts[0].ends_at == datetime(2026, 8, 20, 10, 5, tzinfo=UTC)
+
+
+def test_fields_added_by_newer_alertmanagers_are_ignored() -> None:
+    data = message(alert(LOW, someday="x"), notification_reason="repeat", routeLabels={"team": "ml"})
+    assert parse(body(data)).alerts[0].labels == LOW
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"version": "3"}, "version '3' is not supported"),
+        ({"truncatedAlerts": -1}, "truncatedAlerts: Input should be greater than or equal to 0"),
+        ({"alerts": {}}, "alerts: Input should be a valid list"),
+        ({"status": "pending"}, "status: Input should be 'firing' or 'resolved'"),
+    ],
+)
+def test_a_message_that_is_not_version_4_says_why(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(BadPayload, match=reason):
+        parse(body({**message(alert(LOW)), **change}))
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            {"startsAt": "2026-08-20T10:00:00"},
+            "alerts.0.startsAt: Value error, a timestamp needs its time zone",
+        ),
+        ({"labels": {"a": 1}}, "alerts.0.labels.a: Input should be a valid string"),
+        ({"fingerprint": ""}, "alerts.0.fingerprint: String should have at least 1 character"),
+    ],
+)
+def test_a_bad_alert_names_its_field(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(BadPayload) as caught:
+        parse(body(message({**alert(LOW), **change})))
+    assert reason.replace("Value error, ", "") in str(caught.value)
+
+
+def test_many_problems_are_summed_up() -> None:
+    with pytest.raises(BadPayload, match=r"\(and \d+ more\)"):
+        parse(b'{"alerts": [{}, {}]}')
+
+
+def receipt(
+    n: int, labels: dict[str, str], status: str = "firing", starts_at: str = "2026-12-03T10:00:00+00:00"
+) -> Receipt:
+    return Receipt(
+        n, n, "fp-" + ",".join(sorted(labels.values())), status, starts_at, None, labels, {}, 100.0 + n
+    )
+
+
+def rule(**fields: Any) -> LoadedRule:
+    return LoadedRule(
+        Rule.model_validate({"name": "am", "alert": {"match": {"alertname": "AcceptanceLow"}}, **fields}),
+        "r.yaml",
+        1,
+    )
+
+
+def test_a_late_copy_of_a_firing_state_does_not_undo_its_resolution() -> None:
+    book = AlertBook()
+    assert book.update(receipt(1, LOW))
+    assert book.update(receipt(2, LOW, "resolved"))
+    assert not book.update(receipt(3, LOW, "firing"))  # same startsAt: the older state
+    assert book.query(rule(group_by=["instance"])).series[0].value == 0
+    assert book.update(receipt(4, LOW, "firing", starts_at="2026-12-03T11:00:00+00:00"))  # a new episode
+    assert book.query(rule(group_by=["instance"])).series[0].value == 1
+
+
+def test_series_are_the_group_by_labels_and_count_firing_alerts() -> None:
+    book = AlertBook()
+    book.update(receipt(1, LOW))
+    book.update(receipt(2, {**LOW, "model_name": "other"}))
+    book.update(receipt(3, {**LOW, "instance": "b:8000"}, "resolved"))
+    book.update(receipt(4, {"alertname": "DiskFull", "instance": "a:8000"}))
+    by_instance = {s.labels["instance"]: s.value for s in book.query(rule(group_by=["instance"])).series}
+    assert by_instance == {"a:8000": 2, "b:8000": 0}
+    whole = book.query(rule()).series  # by default, one series per alert with all its labels
+    assert sorted(s.value for s in whole) == [0, 1, 1]
+    assert {"alertname", "instance", "model_name", "severity"} == set(whole[0].labels)
+    assert [s.value for s in book.query(rule(group_by=[])).series] == [2]
+
+
+def test_alert_matchers_use_prometheus_operators() -> None:
+    book = AlertBook()
+    book.update(receipt(1, LOW))
+    book.update(receipt(2, {**LOW, "severity": "info", "instance": "c:1"}))
+    chosen = LoadedRule(
+        Rule.model_validate(
+            {
+                "name": "am",
+                "alert": {"match": {"alertname": {"=~": "Acceptance.*"}, "severity": {"!=": "info"}}},
+                "group_by": ["instance"],
+            }
+        ),
+        "r.yaml",
+        1,
+    )
+    assert [dict(s.labels) for s in book.query(chosen).series] == [{"instance": "a:8000"}]
+
+
+def test_resolved_alerts_are_forgotten_after_the_retention() -> None:
+    book = AlertBook(resolved_retention=60)
+    book.update(receipt(1, LOW, "resolved"))
+    book.update(receipt(2, {**LOW, "instance": "b"}))
+    assert book.prune(now=150.0) == 0
+    assert book.prune(now=162.0) == 1  # received at 101
+    assert book.counts() == {"firing": 1, "resolved": 0}
