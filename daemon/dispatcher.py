@@ -30,7 +30,7 @@ def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
     fields = {
         "threshold": event.threshold,
         "rule": rule.name,
-        "signal": rule.signal or "expr",
+        "signal": rule.signal or ("alerts" if rule.alert_only else "expr"),
         "severity": rule.severity.value,
         "state": event.kind.value,
     }
@@ -45,7 +45,11 @@ def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
     if summary is None:
         where = ", ".join(f"{k}={v}" for k, v in sorted(event.labels.items())) or "all series"
         value = "no data" if event.value is None else f"{event.value:.4g}"
-        summary = f"{rule.signal or 'expr'} = {value} ({rule.test}) on {where}"
+        if rule.alert is not None and rule.alert_only:
+            matchers = ", ".join(str(m) for m in rule.alert.matchers)
+            summary = f"{value} Alertmanager alert(s) {{{matchers}}} firing on {where}"
+        else:
+            summary = f"{rule.signal or 'expr'} = {value} ({rule.test}) on {where}"
     return summary, annotations
 
 

@@ -138,3 +138,14 @@ def test_resolved_alerts_are_forgotten_after_the_retention() -> None:
     assert book.prune(now=150.0) == 0
     assert book.prune(now=162.0) == 1  # received at 101
     assert book.counts() == {"firing": 1, "resolved": 0}
+
+
+def test_an_alert_rules_event_says_how_many_alerts_fire_and_which() -> None:
+    from daemon.dispatcher import describe
+    from daemon.engine import Event, State
+
+    event = Event(
+        "am", "k", {"instance": "a:8000"}, State.FIRING, State.PENDING, 1.0, 2.0, 0.0, "alertmanager: x"
+    )
+    summary, _ = describe(rule(), event)
+    assert summary == '2 Alertmanager alert(s) {alertname="AcceptanceLow"} firing on instance=a:8000'
