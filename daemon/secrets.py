@@ -17,5 +17,5 @@ def read_secret(path: Path, what: str) -> str:
         raise ValueError(f"{what} {path} is empty")
     # Whitespace inside would be an invalid header, and HTTP libraries quote the value in errors.
     if any(ch.isspace() or not ch.isprintable() for ch in secret):
-        raise ValueError(f"{what} {path}: the secret contains whitespace or control characters")
+        raise ValueError(f"{what} {path}: it holds whitespace or control characters inside")
     return secret

@@ -227,6 +227,11 @@ class Store:
     async def events(self, rule: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         return await self._call(lambda db: _events(db, rule, limit))
 
+    async def history(self, rule: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """The latest events, newest first, each with its action runs (``runs``: action, status,
+        reason, detail) and the trigger that moved the rule."""
+        return await self._call(lambda db: _history(db, rule, limit))
+
     async def action_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         return await self._call(
             lambda db: _rows(db, "SELECT * FROM action_runs ORDER BY id DESC LIMIT ?", (limit,))
@@ -440,3 +445,17 @@ def _events(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[s
     if rule is None:
         return _rows(db, "SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
     return _rows(db, "SELECT * FROM events WHERE rule=? ORDER BY id DESC LIMIT ?", (rule, limit))
+
+
+def _history(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[str, Any]]:
+    events = _events(db, rule, limit)
+    for event in events:
+        event["labels"] = json.loads(event["labels"])
+        event["annotations"] = json.loads(event["annotations"])
+        event["runs"] = _rows(
+            db,
+            "SELECT action, status, reason, detail, attempts, finished FROM action_runs WHERE event_id=? "
+            "ORDER BY id",
+            (event["id"],),
+        )
+    return events

@@ -87,6 +87,8 @@ def parse(body: bytes) -> Message:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadPayload(f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise BadPayload("the body is nested too deeply") from None
     if not isinstance(data, dict):
         raise BadPayload("the body is not a JSON object")
     try:

@@ -149,3 +149,9 @@ def test_an_alert_rules_event_says_how_many_alerts_fire_and_which() -> None:
     )
     summary, _ = describe(rule(), event)
     assert summary == '2 Alertmanager alert(s) {alertname="AcceptanceLow"} firing on instance=a:8000'
+
+
+@pytest.mark.parametrize("depth", [5_000, 200_000])
+def test_deeply_nested_json_is_a_bad_payload_not_a_crash(depth: int) -> None:
+    with pytest.raises(BadPayload, match="nested too deeply|alerts"):
+        parse(b'{"alerts": ' + b"[" * depth + b"]" * depth + b"}")

@@ -259,7 +259,7 @@ def test_the_webhook_token_may_come_from_a_systemd_credential(
     ("content", "expected"),
     [
         ("", "webhook token file tok is empty"),
-        ("two words\n", "the secret contains whitespace"),
+        ("two words\n", "it holds whitespace or control characters"),
         (None, "cannot read it (No such file or directory)"),
     ],
 )
@@ -545,7 +545,7 @@ def test_a_bearer_token_with_whitespace_inside_is_refused_at_check_time(
     assert_one_error(
         code,
         err,
-        "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token: the secret contains",
+        "cfg.yaml:3: sources.prometheus.bearer_token_file: bearer token file token: it holds whitespace",
     )
 
 
