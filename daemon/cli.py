@@ -26,6 +26,7 @@ examples:
   specguard eval --once --scrape http://127.0.0.1:8000/metrics
   specguard run --config /etc/specguard/specguard.yaml
   specguard signals
+  specguard history --config /etc/specguard/specguard.yaml --rule acceptance_low
 
 With no --config (and no $SPECGUARD_CONFIG) specguard runs on defaults: it scrapes
 http://127.0.0.1:8000/metrics, evaluates the shipped rule pack and logs what fires.
@@ -115,6 +116,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--sample-gap", type=float, default=5.0, metavar="SECONDS", help="default 5")
     ev.add_argument("--format", choices=["table", "json"], default="table", help="default table")
     ev.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
+    ev.add_argument(
+        "--alerts",
+        type=Path,
+        metavar="FILE",
+        help="an Alertmanager webhook body (JSON, version 4) to evaluate as if it had just arrived: "
+        "alert rules read its alerts, signal rules it triggers show it as their trigger",
+    )
+
+    history = sub.add_parser(
+        "history",
+        help="what the rules did: state changes, their trigger and their action runs",
+        description="List the latest state changes recorded in the state database, newest first: "
+        "when, which rule and series, what triggered the evaluation (the schedule or an "
+        "Alertmanager delivery) and how each action run ended. Reads the database of the config's "
+        "state_dir (or --state-dir); the daemon may be running.",
+    )
+    _add_config(history)
+    history.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
+    history.add_argument("--rule", metavar="NAME", help="only this rule")
+    history.add_argument("--limit", type=int, default=50, metavar="N", help="how many changes (default 50)")
+    history.add_argument("--format", choices=["table", "json"], default="table", help="default table")
 
     demo = sub.add_parser(
         "demo",
@@ -168,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_eval(args)
         if args.command == "signals":
             return cmd_signals(args)
+        if args.command == "history":
+            return cmd_history(args)
         if args.command == "export":
             return cmd_export(args)
         if args.command == "demo":
@@ -265,7 +289,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not loaded.ok:
         _print_problems(loaded)
         return 1
-    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ())))
+    alerts = None
+    if args.alerts is not None:
+        try:
+            alerts = _read_alerts(args.alerts)
+        except ValueError as exc:
+            print(f"specguard eval: {exc}", file=sys.stderr)
+            return 1
+    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ()), alerts))
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
@@ -273,7 +304,56 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _evaluate_once(loaded: Any, gap: float, only: set[str]) -> list[dict[str, Any]]:
+def _read_alerts(path: Path) -> Any:
+    """The alerts of a saved webhook body, as the daemon's alert book would hold them."""
+    from daemon.alertmanager.book import AlertBook, Receipt
+    from daemon.alertmanager.payload import BadPayload, parse
+
+    try:
+        body = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"--alerts {path}: cannot read it ({exc.strerror})") from None
+    try:
+        message = parse(body)
+    except BadPayload as exc:
+        raise ValueError(f"--alerts {path}: not an Alertmanager webhook body: {exc}") from None
+    book = AlertBook()
+    for index, alert in enumerate(message.alerts):
+        book.update(
+            Receipt(
+                index,
+                0,
+                alert.fingerprint,
+                alert.status.value,
+                alert.starts,
+                alert.ends_at.isoformat() if alert.ends_at else None,
+                dict(alert.labels),
+                dict(alert.annotations),
+                time.time(),
+            )
+        )
+    return book
+
+
+def _trigger_of(item: Any, alerts: Any) -> str:
+    """What would evaluate the rule now: the alerts given, when they concern it, or the schedule."""
+    from rules.matchers import all_match
+
+    alert = item.rule.alert
+    if alerts is None or alert is None:
+        return "schedule"
+    concerned = [
+        r
+        for r in alerts.alerts.values()
+        if all_match(alert.matchers, r.labels) and (item.rule.alert_only or alert.triggers(r.status))
+    ]
+    if not concerned:
+        return "schedule"
+    names = ", ".join(dict.fromkeys(f"{r.name or r.fingerprint} {r.status}" for r in concerned))
+    return f"alertmanager: {names} (--alerts)"
+
+
+async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = None) -> list[dict[str, Any]]:
     from daemon.evaluation import evaluate_rule
     from daemon.runtime import make_source, retention_for
 
@@ -289,8 +369,12 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str]) -> list[dict[s
             if only and item.name not in only:
                 continue
             interval = item.rule.interval or loaded.config.interval
-            outcome, result = await evaluate_rule(item, source, loaded.baseline, {}, now, interval)
-            base = {"rule": item.name, "signal": item.rule.signal or item.rule.expr}
+            trigger = _trigger_of(item, alerts)
+            outcome, result = await evaluate_rule(
+                item, source, loaded.baseline, {}, now, interval, alerts=alerts, trigger=trigger
+            )
+            what = item.rule.signal or item.rule.expr or "alerts"
+            base = {"rule": item.name, "signal": what, "trigger": trigger}
             if not outcome.states:
                 verdict = "error" if outcome.error else "warming_up" if result.warming else "no_data"
                 warming = ", ".join(sorted(result.warming))
@@ -329,7 +413,7 @@ def _number(value: float | None) -> str:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = ("RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE")
+    header = ("RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE", "TRIGGER")
     table = [header]
     for row in rows:
         labels = ",".join(f"{k}={v}" for k, v in sorted(row["labels"].items())) or "-"
@@ -342,6 +426,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
                 _number(row["threshold"]),
                 row["verdict"],
                 row["state"],
+                row["trigger"].split(":", 1)[0],
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
@@ -350,6 +435,54 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if row.get("error"):
             print(f"{row['rule']}: {row['error']}", file=sys.stderr)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from daemon.loading import load
+    from daemon.runtime import STORE_FILE
+    from daemon.store import Store, StoreError
+
+    overrides = {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
+    loaded = load(args.config, (), overrides)
+    if not loaded.ok:
+        _print_problems(loaded)
+        return 1
+    path = loaded.config.resolved_state_dir() / STORE_FILE
+    if not path.is_file():
+        print(
+            f"specguard history: no state database at {path}: the daemon has not run with this "
+            "state_dir (give --config or --state-dir)",
+            file=sys.stderr,
+        )
+        return 1
+
+    async def read() -> list[dict[str, Any]]:
+        store = Store(path)
+        try:
+            await store.open()
+            return await store.history(args.rule, max(1, args.limit))
+        finally:
+            await store.close()
+
+    try:
+        events = asyncio.run(read())
+    except StoreError as exc:
+        print(f"specguard history: {exc}", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        print(json.dumps(events, indent=2))
+        return 0
+    table = [("TIME (UTC)", "RULE", "LABELS", "CHANGE", "TRIGGER", "ACTIONS")]
+    for event in events:
+        moment = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event["at"]))
+        labels = ",".join(f"{k}={v}" for k, v in sorted(event["labels"].items())) or "-"
+        runs = ", ".join(f"{run['action']}:{run['status']}" for run in event["runs"]) or "-"
+        change = f"{event['previous']} -> {event['kind']}"
+        table.append((moment, event["rule"], labels, change, event["trigger"], runs))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    return 0
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:

@@ -153,5 +153,5 @@ def test_an_alert_rules_event_says_how_many_alerts_fire_and_which() -> None:
 
 @pytest.mark.parametrize("depth", [5_000, 200_000])
 def test_deeply_nested_json_is_a_bad_payload_not_a_crash(depth: int) -> None:
-    with pytest.raises(BadPayload, match="nested too deeply|alerts"):
+    with pytest.raises(BadPayload, match="the body is nested too deeply"):
         parse(b'{"alerts": ' + b"[" * depth + b"]" * depth + b"}")
