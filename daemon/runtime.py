@@ -413,11 +413,12 @@ class Daemon:
             receipts = await self._alert_queue.get()
             while not self._alert_queue.empty():
                 receipts.extend(self._alert_queue.get_nowait())
-            task = asyncio.current_task()
-            assert task is not None
-            self._rounds.add(task)  # a stop lets this finish, as it lets a round finish
+            # One task per batch, counted as a round: a stop lets it finish as it lets a round
+            # finish (the loop itself waits forever, and is simply cancelled).
+            task = asyncio.get_running_loop().create_task(self._act_on_alerts(receipts))
+            self._rounds.add(task)
             try:
-                await self._act_on_alerts(receipts)
+                await task
             finally:
                 self._rounds.discard(task)
 

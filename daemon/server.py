@@ -89,6 +89,9 @@ async def start_server(
         access_log=None,
         shutdown_timeout=5.0,
         keepalive_timeout=IDLE_TIMEOUT,  # aiohttp starts this clock when a connection opens, too
+        # Nothing specguard serves takes a compressed body (Alertmanager sends none): a body that
+        # claims an encoding is refused by the handler, never decoded (and failed) by aiohttp.
+        auto_decompress=False,
     )
     await runner.setup()
     _cap_connections(runner, max_connections, observed)

@@ -43,6 +43,11 @@ class Alert(_Lenient):
     def _aware(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("a timestamp needs its time zone (RFC 3339)")
+        if value is not None:
+            try:
+                value.astimezone(UTC)
+            except OverflowError:
+                raise ValueError("the timestamp is out of range in UTC") from None
         return value
 
     @property
@@ -58,7 +63,7 @@ class Alert(_Lenient):
 class Message(_Lenient):
     version: str
     group_key: str = Field(alias="groupKey")
-    truncated_alerts: int = Field(0, alias="truncatedAlerts", ge=0)
+    truncated_alerts: int = Field(0, alias="truncatedAlerts", ge=0, lt=2**63)  # an SQLite integer
     status: AlertStatus
     receiver: str = ""
     group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")
@@ -89,8 +94,15 @@ def parse(body: bytes) -> Message:
         raise BadPayload(f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise BadPayload("the body is nested too deeply") from None
+    except ValueError as exc:  # an integer too long to convert, say
+        raise BadPayload(f"the body is not usable JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadPayload("the body is not a JSON object")
+    try:
+        # JSON may escape lone surrogates ("\ud800"): text no store, log or HTTP header can hold.
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadPayload("a string in the body is not valid Unicode (a lone surrogate escape)") from None
     try:
         return Message.model_validate(data)
     except ValidationError as exc:

@@ -19,7 +19,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from daemon.alertmanager.inbox import Stored
 from daemon.alertmanager.payload import BadPayload, Message, parse
@@ -61,10 +62,14 @@ def make_handler(
         peer = request.remote or "?"
         secret = token()
         if secret is not None:
-            expected = f"Bearer {secret}".encode()
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, expected):
-                why = "missing bearer token" if not given else "wrong bearer token"
+            header = request.headers.get("Authorization", "")
+            scheme, _, given = header.partition(" ")
+            # The scheme is case-insensitive (RFC 9110); the token is compared in constant time.
+            right = scheme.lower() == "bearer" and hmac.compare_digest(
+                given.encode("utf-8", "surrogateescape"), secret.encode()
+            )
+            if not right:
+                why = "missing bearer token" if not header else "wrong bearer token"
                 log.warning("webhook from %s refused: %s", peer, why)
                 return _reject(401, "unauthorized", why, metrics, **{"WWW-Authenticate": "Bearer"})
         if request.content_type != "application/json":
@@ -76,12 +81,21 @@ def make_handler(
             )
             log.warning("webhook from %s refused: %s", peer, why)
             return _reject(415, "bad_request", why, metrics)
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            why = f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed"
+            log.warning("webhook from %s refused: %s", peer, why)
+            return _reject(415, "bad_request", why, metrics)
         if request.content_length is not None and request.content_length > max_body:
             return _too_large(peer, request.content_length)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _too_large(peer, None)
+        except (ClientPayloadError, HttpProcessingError) as exc:
+            why = f"the body could not be read: {exc}"
+            log.warning("webhook from %s refused: %s", peer, why)
+            return _reject(400, "bad_request", why, metrics)
         try:
             message = parse(body)
         except BadPayload as exc:
@@ -94,7 +108,7 @@ def make_handler(
             return _reject(
                 503, "store_failing", f"cannot store the delivery: {exc}", metrics, **{"Retry-After": "5"}
             )
-        outcome = "stored" if stored.new else "duplicate"
+        outcome = "duplicate" if message.alerts and not stored.new else "stored"
         metrics.webhook_deliveries.labels(outcome).inc()
         for alert in message.alerts:
             metrics.webhook_alerts.labels(alert.status.value).inc()

@@ -51,8 +51,18 @@ async def test_eval_once_table_on_the_default_rules_and_an_unreachable_server(un
     )
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE"]
-    verdicts = {line.split()[0]: line.split()[-2] for line in lines[1:]}
+    assert lines[0].split() == [
+        "RULE",
+        "SIGNAL",
+        "LABELS",
+        "VALUE",
+        "THRESHOLD",
+        "VERDICT",
+        "STATE",
+        "TRIGGER",
+    ]
+    verdicts = {line.split()[0]: line.split()[-3] for line in lines[1:]}
+    assert {line.split()[-1] for line in lines[1:]} == {"schedule"}
     assert verdicts == {
         "acceptance_low": "no_data",
         "acceptance_critical": "no_data",

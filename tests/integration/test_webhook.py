@@ -345,6 +345,20 @@ async def test_a_store_that_cannot_write_answers_503_and_the_retry_is_stored(
     assert runs(daemon, "am_low") == [("firing", "ok")]
 
 
+async def test_the_bearer_scheme_is_case_insensitive(started: Callable[..., Awaitable[Daemon]]) -> None:
+    daemon = await started()
+    data = json.dumps(message(alert(LOW))).encode()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"http://127.0.0.1:{daemon.port}/alertmanager",
+            data=data,
+            headers={"Content-Type": "application/json", "Authorization": f"bearer {TOKEN}"},
+        ) as answer,
+    ):
+        assert answer.status == 200
+
+
 async def test_without_a_token_on_loopback_deliveries_need_no_credentials(
     started: Callable[..., Awaitable[Daemon]],
 ) -> None:

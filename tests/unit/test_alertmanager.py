@@ -155,3 +155,22 @@ def test_an_alert_rules_event_says_how_many_alerts_fire_and_which() -> None:
 def test_deeply_nested_json_is_a_bad_payload_not_a_crash(depth: int) -> None:
     with pytest.raises(BadPayload, match="the body is nested too deeply"):
         parse(b'{"alerts": ' + b"[" * depth + b"]" * depth + b"}")
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b'{"alerts": [], "n": 1' + b"1" * 5000 + b"}", "not usable JSON"),
+        (json.dumps(message(alert({"alertname": "\ud800"}))).encode(), "not valid Unicode"),
+        (json.dumps({**message(alert(LOW)), "groupKey": "\udfff"}).encode(), "not valid Unicode"),
+        (
+            json.dumps(message(alert(LOW, starts_at="0001-01-01T00:00:00+14:00"))).encode(),
+            "out of range in UTC",
+        ),
+        (json.dumps({**message(alert(LOW)), "truncatedAlerts": 2**63}).encode(), "truncatedAlerts"),
+    ],
+)
+def test_bodies_the_store_could_not_hold_are_bad_payloads(data: bytes, reason: str) -> None:
+    # found by the fuzz test: each was a 500, and a lone surrogate in a label broke its rule for good
+    with pytest.raises(BadPayload, match=reason):
+        parse(data)
