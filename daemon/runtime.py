@@ -322,9 +322,10 @@ class Daemon:
                 await self._evaluate_one(item)
             except StoreError as exc:
                 self._store_failed(str(exc))
-            except Exception:  # one rule's failure must not stop the others
+            except Exception as exc:  # one rule's failure must not stop the others
                 log.exception("rule %s: evaluation failed", item.name)
                 self.metrics.evaluations.labels(item.name, Verdict.ERROR.value).inc()
+                self._note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
         label = format_duration(interval) if interval else "all"
         self.metrics.evaluation_duration.labels(label).observe(time.monotonic() - started)
         self.last_round = time.time()
@@ -441,8 +442,9 @@ class Daemon:
             except StoreError as exc:
                 self._store_failed(str(exc))
                 return  # left unprocessed: acted on after the store recovers or at the next start
-            except Exception:
+            except Exception as exc:
                 log.exception("rule %s: evaluation on an Alertmanager delivery failed", item.name)
+                self._note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
         try:
             await self.inbox.mark_processed([r.id for r in receipts], time.time())
         except StoreError as exc:

@@ -48,6 +48,7 @@ class FixedSource:
     def __init__(self) -> None:
         self.queries = 0
         self.value = 0.2
+        self.delay = 0.0
 
     async def refresh(self) -> None:
         return None
@@ -56,6 +57,7 @@ class FixedSource:
         self, signal: Signal, window: float, group_by: Sequence[str], *_: object
     ) -> SourceResult:
         self.queries += 1
+        await asyncio.sleep(self.delay)
         return SourceResult.of([({"instance": "vllm-a:8000"}, self.value)])
 
     async def query_expr(self, expr: str) -> SourceResult:
@@ -253,6 +255,25 @@ async def test_deduplication_and_unfinished_work_survive_a_restart(
     await settled(third)
     assert [kind for kind, _, _ in events(third, "am_low")] == ["pending", "firing"]
     assert runs(third, "am_low") == [("firing", "ok")]
+
+
+async def test_a_stop_while_alerts_are_acted_on_lets_them_finish_and_no_more(
+    started: Callable[..., Awaitable[Daemon]], caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = await started()
+    source = daemon.source
+    assert isinstance(source, FixedSource)
+    source.delay = 0.5  # the triggered signal rule reads slowly: the stop comes in the middle
+    assert (await post(daemon, message(alert(LOW))))[0] == 200
+    for _ in range(400):
+        if daemon._rounds and source.queries:
+            break
+        await asyncio.sleep(0.01)
+    await daemon.shutdown()
+    # the batch finished (its rule was evaluated and stored); the worker that waits for the next
+    # delivery is not a round to wait for: no "stopped mid-round" after the whole grace period
+    assert "stopped mid-round" not in caplog.text
+    assert [kind for kind, _, _ in events(daemon, "confirm")][-1] == "firing"
 
 
 async def test_keep_firing_for_runs_its_course_on_the_schedule(
