@@ -100,3 +100,11 @@ async def test_version_and_help() -> None:
     for command in ("run", "check", "eval", "signals"):
         code, out, _ = await specguard(command, "--help")
         assert code == 0 and f"usage: specguard {command}" in out
+
+
+async def test_run_refuses_to_listen_beyond_loopback_without_a_webhook_token(tmp_path: Path) -> None:
+    code, out, err = await specguard("run", "--listen", "0.0.0.0", "--state-dir", str(tmp_path / "state"))
+    assert code == 1
+    assert "server.listen: listening on 0.0.0.0 would take Alertmanager webhooks from anyone" in err
+    assert "specguard: not starting: the configuration has errors" in err
+    assert not (tmp_path / "state").exists()  # refused before anything was created

@@ -366,6 +366,16 @@ async def test_a_store_that_cannot_write_answers_503_and_the_retry_is_stored(
     assert runs(daemon, "am_low") == [("firing", "ok")]
 
 
+async def test_alerts_left_out_by_max_alerts_are_logged_and_counted(
+    started: Callable[..., Awaitable[Daemon]], caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = await started()
+    status, _ = await post(daemon, message(alert(LOW), truncatedAlerts=7))
+    assert status == 200
+    assert metric(daemon, "specguard_webhook_truncated_alerts_total") == 7
+    assert "left out 7 alerts (Alertmanager's max_alerts)" in caplog.text
+
+
 async def test_the_bearer_scheme_is_case_insensitive(started: Callable[..., Awaitable[Daemon]]) -> None:
     daemon = await started()
     data = json.dumps(message(alert(LOW))).encode()
