@@ -369,6 +369,7 @@ def _summary(
     t.line(f"  log       {directory / 'specguard.log'}  (the daemon's JSON log)", stamp=False)
     t.line(f"  config    {directory / 'specguard.yaml'}, rules.yaml, baseline.json", stamp=False)
     t.line(f"  try       specguard check --config {directory / 'specguard.yaml'}", stamp=False)
+    t.line(f"            specguard history --config {directory / 'specguard.yaml'}", stamp=False)
 
 
 def main(state_dir: Path | None, color: bool | None) -> int:
