@@ -122,7 +122,10 @@ class Dispatcher:
         )
         await self.store.start_run(run.id)
         try:
-            outcome = await asyncio.wait_for(action.run(ctx), timeout=action.timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that arrives as the action finishes, and a stop would then hang.
+            async with asyncio.timeout(action.timeout):
+                outcome = await action.run(ctx)
             status, detail = ("ok" if outcome.ok else "failed"), outcome.detail
         except TimeoutError:
             status, detail = "failed", f"timed out after {action.timeout:g}s"

@@ -7,15 +7,16 @@ signals they are made of: ``estimated_speedup`` is the mean acceptance length di
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from daemon.alertmanager.book import AlertBook
+from daemon.alertmanager.book import AlertBook, Receipt
 from daemon.baseline import Baseline
 from daemon.engine import (
     SCHEDULE,
     Outcome,
     RuleSpec,
     SeriesState,
+    State,
     Threshold,
     ThresholdFor,
     evaluate,
@@ -141,6 +142,42 @@ async def query(
         return await source.query_expr(rule.expr)
     assert rule.signal is not None
     return await read_signal(item, get_signal(rule.signal), source, baseline)
+
+
+def evaluate_alert_rule(
+    item: LoadedRule,
+    alerts: AlertBook,
+    previous: Mapping[str, SeriesState],
+    now: float,
+    interval: float,
+    trigger: str = SCHEDULE,
+    touched: Iterable[Receipt] | None = None,
+) -> Outcome:
+    """An alert rule, on the series that can change, so that its cost follows what happens and not
+    how many alerts are known: on a delivery, the series its alerts belong to (``touched``); on the
+    schedule, series new to the rule and series whose clocks run (pending, firing on resolved
+    alerts through keep_firing_for, gone quiet towards forget_after). A series firing on a firing
+    alert, or ok with its alerts resolved, cannot change with time alone and is left as it is.
+
+    The outcome holds only the series evaluated: merge it into ``previous``.
+    """
+    if touched is not None:
+        keys = alerts.keys_of(item, touched)
+    else:
+        present = alerts.keys(item)
+        firing = {series_key(s.labels) for s in alerts.query(item).series if s.value > 0}
+        keys = {key for key in present if key not in previous}
+        moving = (
+            key
+            for key, series in previous.items()
+            if key not in present
+            or series.state is State.PENDING
+            or (series.state is State.FIRING and key not in firing)
+        )
+        keys.update(moving)
+    result = alerts.query(item, keys)
+    before = {key: previous[key] for key in keys if key in previous}
+    return evaluate(spec_of(item, interval), result, thresholds(item, None), before, now, trigger)
 
 
 async def evaluate_rule(

@@ -24,7 +24,7 @@ from daemon.alertmanager.receiver import make_handler
 from daemon.config import Config
 from daemon.dispatcher import Dispatcher
 from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
-from daemon.evaluation import evaluate_rule
+from daemon.evaluation import evaluate_alert_rule, evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
 from daemon.secrets import read_secret
 from daemon.selfmetrics import DaemonMetrics
@@ -307,6 +307,10 @@ class Daemon:
         self._rounds.add(task)
         try:
             await self._round(interval)
+        except asyncio.CancelledError:
+            # The stop waited its grace period for this round and cut it off: what it had not
+            # stored is found again at the next start. Said once, by the stop.
+            return
         finally:
             self._rounds.discard(task)
 
@@ -333,27 +337,39 @@ class Daemon:
             self.last_round_of[each] = self.last_round
         self.metrics.last_evaluation.set(self.last_round)
 
-    async def _evaluate_one(self, item: LoadedRule, trigger: str = SCHEDULE) -> None:
+    async def _evaluate_one(
+        self, item: LoadedRule, trigger: str = SCHEDULE, touched: Sequence[Receipt] | None = None
+    ) -> None:
         # The schedule and a webhook delivery may both want the rule: one after the other, each
         # on the states the other left.
         lock = self._rule_locks.setdefault(item.name, asyncio.Lock())
         async with lock:
-            await self._evaluate_locked(item, time.time(), trigger)
+            await self._evaluate_locked(item, time.time(), trigger, touched)
 
-    async def _evaluate_locked(self, item: LoadedRule, now: float, trigger: str) -> None:
+    async def _evaluate_locked(
+        self, item: LoadedRule, now: float, trigger: str, touched: Sequence[Receipt] | None = None
+    ) -> None:
         name = item.name
-        outcome, result = await evaluate_rule(
-            item,
-            self.source,
-            self.loaded.baseline,
-            self.states.get(name, {}),
-            now,
-            self._interval_of(item),
-            alerts=self.alerts,
-            trigger=trigger,
-        )
+        previous = self.states.get(name, {})
+        partial = item.rule.alert_only  # an alert rule evaluates the series that can change
+        if partial:
+            outcome = evaluate_alert_rule(
+                item, self.alerts, previous, now, self._interval_of(item), trigger, touched
+            )
+            result = SourceResult()
+        else:
+            outcome, result = await evaluate_rule(
+                item,
+                self.source,
+                self.loaded.baseline,
+                previous,
+                now,
+                self._interval_of(item),
+                alerts=self.alerts,
+                trigger=trigger,
+            )
         for key in outcome.forgotten:
-            old = self.states.get(name, {}).get(key)
+            old = previous.get(key)
             log.info(
                 "%s: forgot series %s: no data for %s",
                 name,
@@ -366,15 +382,24 @@ class Daemon:
         records = [self.dispatcher.record(item, event) for event in outcome.events]
         # Nothing is decided until it is stored: if the store cannot be written, the states stay as
         # they were and the same transitions are found again once it can.
-        pending = await self.store.commit_evaluation(name, outcome.states, records)
-        self.states[name] = outcome.states
+        if partial:
+            pending = await self.store.commit_series(name, outcome.states, outcome.forgotten, records)
+            states = {**previous, **outcome.states}
+            for key in outcome.forgotten:
+                states.pop(key, None)
+        else:
+            pending = await self.store.commit_evaluation(name, outcome.states, records)
+            states = outcome.states
+        self.states[name] = states
         self.rule_verdicts[name] = _rule_verdict(outcome, result)
         self._note_error(name, outcome.error)
         verdicts = list(outcome.verdicts.values()) or [Verdict.ERROR if outcome.error else Verdict.NO_DATA]
         for verdict in verdicts:
             self.metrics.evaluations.labels(name, verdict.value).inc()
-        for state in State:
-            count = sum(1 for s in outcome.states.values() if s.state is state)
+        counts = dict.fromkeys(State, 0)
+        for series in states.values():
+            counts[series.state] += 1
+        for state, count in counts.items():
             self.metrics.rule_series.labels(name, state.value).set(count)
         for record in records:
             event = record.event
@@ -438,7 +463,7 @@ class Daemon:
             if not concerned:
                 continue
             try:
-                await self._evaluate_one(item, _alert_trigger(concerned))
+                await self._evaluate_one(item, _alert_trigger(concerned), concerned)
             except StoreError as exc:
                 self._store_failed(str(exc))
                 return  # left unprocessed: acted on after the store recovers or at the next start

@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +188,17 @@ class Store:
         """Replace the rule's states and add its events and runs, atomically. Returns pending run ids."""
         return await self._call(lambda db: _commit(db, rule, states, records))
 
+    async def commit_series(
+        self,
+        rule: str,
+        states: Mapping[str, SeriesState],
+        forgotten: Sequence[str],
+        records: Sequence[EventRecord],
+    ) -> list[int]:
+        """Like commit_evaluation, for some of the rule's series: these states are written over
+        their rows, the forgotten ones deleted, the others left as they are."""
+        return await self._call(lambda db: _commit(db, rule, states, records, forgotten))
+
     async def forget_rules(self, keep: set[str]) -> int:
         """Drop the states of rules that are no longer configured."""
         return await self._call(lambda db: _forget(db, keep))
@@ -197,13 +208,17 @@ class Store:
         return await self._call(lambda db: _runs_to_do(db, ids))
 
     async def start_run(self, run_id: int) -> None:
-        await self._call(
-            lambda db: _update(
-                db,
-                "UPDATE action_runs SET status='running', started=?, attempts=attempts+1 WHERE id=?",
-                (time.time(), run_id),
-            )
-        )
+        # Not synced on its own: losing it to a power cut loses an attempt count, nothing else
+        # (the run is still pending, and runs again).
+        def start(db: sqlite3.Connection) -> None:
+            with unsynced(db):
+                _update(
+                    db,
+                    "UPDATE action_runs SET status='running', started=?, attempts=attempts+1 WHERE id=?",
+                    (time.time(), run_id),
+                )
+
+        await self._call(start)
 
     async def skip_run(self, run_id: int, reason: str) -> None:
         """Record that a pending run will not be carried out, and why."""
@@ -299,6 +314,17 @@ class transaction:
                 self.db.execute("ROLLBACK")
 
 
+@contextlib.contextmanager
+def unsynced(db: sqlite3.Connection) -> Iterator[None]:
+    """A write not synced to disk by its own commit (WAL keeps it in order; the next synced commit,
+    or a checkpoint, makes it durable): for bookkeeping that may be redone after a power cut."""
+    db.execute("PRAGMA synchronous=NORMAL")
+    try:
+        yield
+    finally:
+        db.execute("PRAGMA synchronous=FULL")
+
+
 def _update(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> None:
     db.execute(sql, params)
 
@@ -335,12 +361,19 @@ def _commit(
     rule: str,
     states: Mapping[str, SeriesState],
     records: Sequence[EventRecord],
+    forgotten: Sequence[str] | None = None,
 ) -> list[int]:
+    """All of the rule's states (``forgotten`` None), or these states and these deletions."""
     pending: list[int] = []
     with transaction(db):
-        db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
+        if forgotten is None:
+            db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
+        else:
+            db.executemany(
+                "DELETE FROM series_state WHERE rule=? AND series=?", [(rule, k) for k in forgotten]
+            )
         db.executemany(
-            "INSERT INTO series_state (rule, series, labels, state, since, breach_since, last_breach, "
+            "INSERT OR REPLACE INTO series_state (rule, series, labels, state, since, breach_since, last_breach, "
             "consecutive, verdict, value, threshold, error, last_eval, ok_since, last_data, last_seen, "
             "moved_by) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import (
@@ -83,9 +84,9 @@ class AlertMatch(BaseModel):
         parse_matchers(value)  # raises ValueError with the problem
         return value
 
-    @property
+    @cached_property
     def matchers(self) -> tuple[Matcher, ...]:
-        return parse_matchers(self.match)
+        return parse_matchers(self.match)  # validated already; parsed once, read per alert
 
     def triggers(self, status: str) -> bool:
         """Whether an alert with this status triggers an evaluation (signal rules)."""
@@ -157,7 +158,7 @@ class Rule(BaseModel):
         parse_matchers(value)  # raises ValueError with the problem
         return value
 
-    @property
+    @cached_property
     def matchers(self) -> tuple[Matcher, ...]:
         return parse_matchers(self.match)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from daemon.alertmanager.book import Receipt
 from daemon.alertmanager.payload import Message
-from daemon.store import Store, transaction
+from daemon.store import Store, transaction, unsynced
 
 # Deliveries written in one transaction at most: a burst is split, so no write holds the store long.
 MAX_BATCH = 256
@@ -74,8 +74,10 @@ class Inbox:
         return await self.store.call(lambda db: _receipts(db, "WHERE processed IS NULL ORDER BY id"))
 
     async def mark_processed(self, ids: Sequence[int], at: float) -> None:
+        # Not synced on its own: lost to a power cut, the receipts are acted on again at the next
+        # start, which changes nothing (the engine's states are stored, synced, before this).
         def mark(db: sqlite3.Connection) -> None:
-            with transaction(db):
+            with unsynced(db), transaction(db):
                 db.executemany("UPDATE alert_receipts SET processed=? WHERE id=?", [(at, i) for i in ids])
 
         if ids:

@@ -5,6 +5,7 @@ what specguard uses is required."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # Alertmanager sends a firing alert's endsAt as Go's zero time: "not set", never a moment.
 _ZERO_YEAR = 1
 MAX_REASONS = 3  # validation problems quoted in a 400 answer
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class AlertStatus(StrEnum):
@@ -98,11 +100,13 @@ def parse(body: bytes) -> Message:
         raise BadPayload(f"the body is not usable JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadPayload("the body is not a JSON object")
-    try:
-        # JSON may escape lone surrogates ("\ud800"): text no store, log or HTTP header can hold.
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadPayload("a string in the body is not valid Unicode (a lone surrogate escape)") from None
+    # JSON may escape lone surrogates ("\ud800"): text no store, log or HTTP header can hold. Only
+    # a body with a surrogate escape at all is checked whole.
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadPayload("a string in the body is not valid Unicode (a lone surrogate escape)") from None
     try:
         return Message.model_validate(data)
     except ValidationError as exc:

@@ -103,7 +103,7 @@ async def test_version_and_help() -> None:
 
 
 async def test_run_refuses_to_listen_beyond_loopback_without_a_webhook_token(tmp_path: Path) -> None:
-    code, out, err = await specguard("run", "--listen", "0.0.0.0", "--state-dir", str(tmp_path / "state"))
+    code, _, err = await specguard("run", "--listen", "0.0.0.0", "--state-dir", str(tmp_path / "state"))
     assert code == 1
     assert "server.listen: listening on 0.0.0.0 would take Alertmanager webhooks from anyone" in err
     assert "specguard: not starting: the configuration has errors" in err

@@ -174,3 +174,54 @@ def test_bodies_the_store_could_not_hold_are_bad_payloads(data: bytes, reason: s
     # found by the fuzz test: each was a 500, and a lone surrogate in a label broke its rule for good
     with pytest.raises(BadPayload, match=reason):
         parse(data)
+
+
+def test_an_alert_rule_evaluates_only_the_series_that_can_change() -> None:
+    from daemon.engine import SeriesState, State, series_key
+    from daemon.evaluation import evaluate_alert_rule
+
+    item = rule(group_by=["instance"], keep_firing_for="1m", forget_after="10m")
+    book = AlertBook()
+    a, b, c, d = ({**LOW, "instance": name} for name in "abcd")
+    for n, labels in enumerate((a, b, c, d), 1):
+        book.update(receipt(n, labels))
+    key = {name: series_key({"instance": name}) for name in "abcde"}
+
+    # a delivery about `a` evaluates `a` alone, however many series the rule has
+    first = evaluate_alert_rule(item, book, {}, 1000.0, 15.0, "alertmanager: x", touched=[receipt(1, a)])
+    assert set(first.states) == {key["a"]}
+    assert first.states[key["a"]].state is State.FIRING
+
+    fired = {
+        k: SeriesState(labels={"instance": n}, state=State.FIRING, since=1000.0, last_eval=1000.0)
+        for n, k in key.items()
+        if n != "e"
+    }
+    book.update(receipt(5, b, "resolved"))  # b: firing, its alert resolved: keep_firing_for runs
+    pending = SeriesState(labels={"instance": "c"}, state=State.PENDING, since=1000.0, breach_since=1000.0)
+    gone = SeriesState(
+        labels={"instance": "e"}, state=State.RESOLVED, since=1.0, last_seen=1.0
+    )  # no alerts left
+    previous = {**fired, key["c"]: pending, key["e"]: gone}
+    del previous[key["d"]]  # d: alerts known, series not yet (a rule added by a reload)
+    later = evaluate_alert_rule(item, book, previous, 1100.0, 15.0)
+    # a fires on a firing alert: nothing can change it with time, it is left alone
+    assert key["a"] not in later.states
+    assert later.states[key["b"]].ok_since == 1100.0  # keep_firing_for started
+    assert key["c"] in later.states and key["d"] in later.states
+    assert later.forgotten == [key["e"]]  # absent for longer than forget_after
+    assert all(event.trigger == "schedule" for event in later.events)
+
+
+def test_a_rule_index_follows_alerts_that_arrive_resolve_and_are_pruned() -> None:
+    book = AlertBook(resolved_retention=60)
+    item = rule(group_by=["instance"])
+    assert book.keys(item) == set()  # built (empty) on first use, kept up to date from then on
+    book.update(receipt(1, LOW))
+    book.update(receipt(2, {**LOW, "model_name": "other"}))  # same instance: same series
+    assert [s.value for s in book.query(item).series] == [2]
+    book.update(receipt(3, LOW, "resolved"))
+    assert [s.value for s in book.query(item).series] == [1]
+    book.update(receipt(4, {**LOW, "model_name": "other"}, "resolved"))
+    assert book.prune(now=200.0) == 2
+    assert book.keys(item) == set() and book.query(item).series == ()
