@@ -105,9 +105,13 @@ async def serve_bare(port: int) -> None:
 
 
 class Payloads:
-    """Alertmanager payloads with two alerts whose labels (and fingerprints) no payload repeats."""
+    """Alertmanager payloads with two alerts whose labels (and fingerprints) no payload repeats.
 
-    def __init__(self) -> None:
+    ``alertname`` Bench is the one specguard's alert rule takes (every alert then fires a series of
+    it and runs its action); any other is stored and acted on by no rule."""
+
+    def __init__(self, alertname: str = "Load") -> None:
+        self.alertname = alertname
         self.sent = 0
         self.size = len(self.make()[0])
 
@@ -117,7 +121,7 @@ class Payloads:
         alerts = [
             alert(
                 {
-                    "alertname": "Bench",
+                    "alertname": self.alertname,
                     "instance": f"vllm-{n % 8}:8000",
                     "severity": "warning",
                     "request": str(n),
@@ -126,7 +130,8 @@ class Payloads:
             )
             for replica in ("a", "b")
         ]
-        body = message(*alerts, group_key='{}:{alertname="Bench"}', groupLabels={"alertname": "Bench"})
+        group = f'{{}}:{{alertname="{self.alertname}"}}'
+        body = message(*alerts, group_key=group, groupLabels={"alertname": self.alertname})
         return json.dumps(body).encode(), tuple(a["fingerprint"] for a in alerts)
 
 
@@ -530,7 +535,7 @@ async def benchmark(args: argparse.Namespace, directory: Path) -> Results:
     )  # fmt: skip
     guard_started = time.monotonic()
     guard_cpu = guard_seconds = 0.0
-    payloads = Payloads()
+    payloads = Payloads("Bench" if args.acted_on else "Load")
     closed: list[Run] = []
     opened: list[Run] = []
     duplicates: Run | None = None
@@ -637,7 +642,14 @@ def report(results: Results, args: argparse.Namespace) -> tuple[str, bool]:
         f"in their own process and share the cores with the other server and whatever else runs on the "
         f"machine (the CPU of each is shown). Each request: a version 4 payload of "
         f"{results.payload_size} bytes with 2 alerts whose labels and fingerprints no other request "
-        f"has, so every delivery is new and is stored before it is answered; a bearer token; keep-alive "
+        f"has, so every delivery is new and is stored before it is answered; "
+        + (
+            "every alert is one the alert rule takes (alertname Bench): each fires a new series of "
+            "it and runs its action, the worst case; "
+            if args.acted_on
+            else "the alerts are ones no rule takes (alertname Load): stored and acted on by no rule; "
+        )
+        + f"a bearer token; keep-alive "
         f"connections. specguard: `specguard run` with one alert rule (`alert: {{match: {{alertname: "
         f"Bench}}}}`, severity info, action log), log level warning, its store (SQLite, WAL, "
         f"synchronous=FULL) on {fs_type(Path(tempfile.gettempdir()))}. Bare: an aiohttp handler that "
@@ -827,6 +839,12 @@ def main() -> None:
     parser.add_argument("--open-seconds", type=float, default=8.0, help="measured seconds per open-loop run")
     parser.add_argument("--duplicate-seconds", type=float, default=6.0, help="repeated deliveries (0: none)")
     parser.add_argument("--rate", type=float, help="open-loop rate (default: half the bare throughput)")
+    parser.add_argument(
+        "--acted-on",
+        action="store_true",
+        help="every alert is one specguard's alert rule takes: each fires a series and runs its action "
+        "(the worst case; by default the alerts are stored and no rule acts on them)",
+    )
     parser.add_argument("--write", type=Path, help="also write the tables to this markdown file")
     parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -165,7 +165,7 @@ def evaluate_alert_rule(
         keys = alerts.keys_of(item, touched)
     else:
         present = alerts.keys(item)
-        firing = {series_key(s.labels) for s in alerts.query(item).series if s.value > 0}
+        firing = alerts.firing_keys(item)
         keys = {key for key in present if key not in previous}
         moving = (
             key

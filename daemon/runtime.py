@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -39,6 +40,9 @@ from rules.matchers import all_match
 log = logging.getLogger("specguard")
 
 STORE_FILE = "specguard.db"
+SWITCH_INTERVAL = 0.001  # seconds (CPython's default: 0.005)
+# Alert states acted on in one step (one evaluation and one commit per rule they concern).
+ALERT_BATCH = 256
 # How long a stop waits for a round in progress (its action runs) to finish; below systemd's
 # TimeoutStopSec. What is cut off is still in the store and runs at the next start.
 SHUTDOWN_GRACE = 20.0
@@ -94,7 +98,7 @@ class Daemon:
         self.source: Source = make_source(loaded.config, retention_for(loaded))
         self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
         self.alerts = AlertBook()  # what Alertmanager has said, alert by alert
-        self.inbox = Inbox(self.store)
+        self.inbox = Inbox(self.store, self._acted_on)
         self.webhook_token: str | None = None
         self._alert_queue: asyncio.Queue[list[Receipt]] = asyncio.Queue()
         self._rule_locks: dict[str, asyncio.Lock] = {}  # one evaluation of a rule at a time
@@ -123,6 +127,10 @@ class Daemon:
 
         ``handle_signals=False`` leaves SIGTERM/SIGINT/SIGHUP to an embedding program.
         """
+        # The writer thread hands each stored batch back to the event loop; with CPython's default
+        # 5 ms GIL switch interval a webhook answer could wait that long behind Python work on the
+        # other thread. 1 ms keeps answers prompt at a cost too small to measure here.
+        sys.setswitchinterval(SWITCH_INTERVAL)
         try:
             await self.store.open()
         except StoreError as exc:
@@ -428,17 +436,34 @@ class Daemon:
     async def deliver(self, message: Message, received: float) -> Stored:
         """A webhook delivery: stored (the answer waits for this), then acted on in order."""
         stored = await self.inbox.put(message, received)
-        if stored.new:
-            self._alert_queue.put_nowait(list(stored.new))
+        for receipt in stored.new:
+            if receipt not in stored.to_act_on:
+                self.alerts.update(receipt)  # no rule acts on it now; a rule added later may
+        if stored.to_act_on:
+            self._alert_queue.put_nowait(list(stored.to_act_on))
         return stored
+
+    def _acted_on(self, labels: Mapping[str, str], status: str) -> bool:
+        """Whether an alert with ``labels`` and ``status`` moves or triggers some rule now."""
+        return any(
+            item.rule.alert is not None
+            and all_match(item.rule.alert.matchers, labels)
+            and (item.rule.alert_only or item.rule.alert.triggers(status))
+            for item in self.loaded.enabled_rules()
+        )
 
     async def _process_alerts(self) -> None:
         """Alert states in the order they were stored: the alert book learns them, then every rule
         they concern is evaluated at once, and they are marked done."""
+        waiting: list[Receipt] = []
         while True:
-            receipts = await self._alert_queue.get()
+            if not waiting:
+                waiting = await self._alert_queue.get()
             while not self._alert_queue.empty():
-                receipts.extend(self._alert_queue.get_nowait())
+                waiting.extend(self._alert_queue.get_nowait())
+            # A bounded batch: a backlog is worked off in steps, each one transaction, between
+            # which deliveries keep being stored (they wait for the same writer thread).
+            receipts, waiting = waiting[:ALERT_BATCH], waiting[ALERT_BATCH:]
             # One task per batch, counted as a round: a stop lets it finish as it lets a round
             # finish (the loop itself waits forever, and is simply cancelled).
             task = asyncio.get_running_loop().create_task(self._act_on_alerts(receipts))

@@ -154,6 +154,10 @@ class AlertBook:
         """The series keys of every group the rule has alerts for."""
         return set(self._index(item).series)
 
+    def firing_keys(self, item: LoadedRule) -> set[str]:
+        """The series keys with at least one firing alert."""
+        return {key for key, series in self._index(item).series.items() if any(series.alerts.values())}
+
     def keys_of(self, item: LoadedRule, receipts: Iterable[Receipt]) -> set[str]:
         """The series keys the rule puts these alerts in (none for alerts it does not take)."""
         index = self._index(item)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from daemon.alertmanager.book import Receipt
 from daemon.alertmanager.payload import Message
-from daemon.store import Store, transaction, unsynced
+from daemon.store import Store, transaction
 
 # Deliveries written in one transaction at most: a burst is split, so no write holds the store long.
 MAX_BATCH = 256
@@ -34,36 +35,82 @@ class Stored:
     delivery_id: int
     new: tuple[Receipt, ...]
     duplicates: int
+    to_act_on: tuple[Receipt, ...] = ()  # the new ones some rule acts on
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One alert of a delivery, ready for its INSERT (prepared on the event loop, so the writer
+    thread runs SQL and little Python: the two take turns on the GIL)."""
+
+    fingerprint: str
+    status: str
+    starts_at: str
+    ends_at: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    labels_json: str
+    annotations_json: str
+    to_act_on: bool
+
+
+@dataclass(frozen=True)
+class _Delivery:
+    message: Message
+    received: float
+    rows: tuple[_Row, ...]
 
 
 class Inbox:
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, concerns: Callable[[Mapping[str, str], str], bool] = lambda *_: True
+    ) -> None:
+        """``concerns(labels, status)``: whether a rule acts on such an alert. One no rule acts on
+        is stored as done already, so it costs no second write."""
         self.store = store
-        self._queue: list[tuple[Message, float, asyncio.Future[Stored]]] = []
+        self.concerns = concerns
+        self._queue: list[tuple[_Delivery, asyncio.Future[Stored]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     async def put(self, message: Message, received: float) -> Stored:
         """Store ``message``; returns once it is on disk. Raises StoreError when it cannot be."""
         future: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
-        self._queue.append((message, received, future))
+        rows = tuple(
+            _Row(
+                alert.fingerprint,
+                alert.status.value,
+                alert.starts,
+                alert.ends_at.isoformat() if alert.ends_at is not None else None,
+                alert.labels,
+                alert.annotations,
+                json.dumps(alert.labels),
+                json.dumps(alert.annotations),
+                self.concerns(alert.labels, alert.status.value),
+            )
+            for alert in message.alerts
+        )
+        self._queue.append((_Delivery(message, received, rows), future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
         while self._queue:
+            # One turn of the event loop first: requests whose bodies have arrived join this
+            # batch, and share its sync to disk (the costly part of a small commit).
+            await asyncio.sleep(0)
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            items = [(message, received) for message, received, _ in batch]
+            deliveries = [delivery for delivery, _ in batch]
             try:
-                results = await self.store.call(lambda db, items=items: _write(db, items))  # type: ignore[misc]
+                written = await self.store.call(partial(_write, deliveries=deliveries))
             except Exception as exc:  # StoreError, or a bug: every waiting request hears of it
-                for _, _, future in batch:
+                for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, _, future), result in zip(batch, results, strict=True):
+            for (delivery, future), (delivery_id, ids) in zip(batch, written, strict=True):
                 if not future.done():
-                    future.set_result(result)
+                    future.set_result(_stored(delivery, delivery_id, ids))
 
     async def known(self) -> list[Receipt]:
         """The newest receipt of every alert, to rebuild the alert book at start."""
@@ -77,11 +124,11 @@ class Inbox:
         # Not synced on its own: lost to a power cut, the receipts are acted on again at the next
         # start, which changes nothing (the engine's states are stored, synced, before this).
         def mark(db: sqlite3.Connection) -> None:
-            with unsynced(db), transaction(db):
+            with transaction(db):
                 db.executemany("UPDATE alert_receipts SET processed=? WHERE id=?", [(at, i) for i in ids])
 
         if ids:
-            await self.store.call(mark)
+            await self.store.call(mark, synced=False)
 
     async def prune(self, before: float) -> int:
         """Drop receipts and deliveries older than ``before``, keeping each alert's newest state."""
@@ -95,15 +142,41 @@ class Inbox:
         return await self.store.call(rows)
 
 
-def _write(db: sqlite3.Connection, items: Sequence[tuple[Message, float]]) -> list[Stored]:
-    out: list[Stored] = []
+def _stored(delivery: _Delivery, delivery_id: int, ids: Sequence[int | None]) -> Stored:
+    """What a written delivery added: a receipt for each alert state new to the store."""
+    new: list[Receipt] = []
+    acted: list[Receipt] = []
+    for row, rowid in zip(delivery.rows, ids, strict=True):
+        if rowid is None:
+            continue  # stored before: a repeat
+        receipt = Receipt(
+            rowid,
+            delivery_id,
+            row.fingerprint,
+            row.status,
+            row.starts_at,
+            row.ends_at,
+            dict(row.labels),
+            dict(row.annotations),
+            delivery.received,
+        )
+        new.append(receipt)
+        if row.to_act_on:
+            acted.append(receipt)
+    return Stored(delivery_id, tuple(new), len(delivery.rows) - len(new), tuple(acted))
+
+
+def _write(db: sqlite3.Connection, deliveries: Sequence[_Delivery]) -> list[tuple[int, list[int | None]]]:
+    """Each delivery's id, and the id of each of its alert states (None: stored before)."""
+    out: list[tuple[int, list[int | None]]] = []
     with transaction(db):
-        for message, received in items:
-            delivery = db.execute(
+        for delivery in deliveries:
+            message = delivery.message
+            delivery_id = db.execute(
                 "INSERT INTO deliveries (received, group_key, receiver, status, alerts, new_alerts, truncated) "
                 "VALUES (?,?,?,?,?,0,?)",
                 (
-                    received,
+                    delivery.received,
                     message.group_key,
                     message.receiver,
                     message.status.value,
@@ -111,42 +184,29 @@ def _write(db: sqlite3.Connection, items: Sequence[tuple[Message, float]]) -> li
                     message.truncated_alerts,
                 ),
             ).lastrowid
-            assert delivery is not None
-            new: list[Receipt] = []
-            for alert in message.alerts:
-                ends = alert.ends_at.isoformat() if alert.ends_at is not None else None
-                labels = json.dumps(alert.labels, sort_keys=True)
-                annotations = json.dumps(alert.annotations, sort_keys=True)
+            assert delivery_id is not None
+            ids: list[int | None] = []
+            for row in delivery.rows:
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO alert_receipts (delivery_id, fingerprint, status, starts_at, "
-                    "ends_at, labels, annotations, received) VALUES (?,?,?,?,?,?,?,?)",
+                    "ends_at, labels, annotations, received, processed) VALUES (?,?,?,?,?,?,?,?,?)",
                     (
-                        delivery,
-                        alert.fingerprint,
-                        alert.status.value,
-                        alert.starts,
-                        ends,
-                        labels,
-                        annotations,
-                        received,
+                        delivery_id,
+                        row.fingerprint,
+                        row.status,
+                        row.starts_at,
+                        row.ends_at,
+                        row.labels_json,
+                        row.annotations_json,
+                        delivery.received,
+                        None if row.to_act_on else delivery.received,  # no rule acts on it: done
                     ),
                 )
-                if cursor.rowcount == 1 and cursor.lastrowid is not None:
-                    new.append(
-                        Receipt(
-                            cursor.lastrowid,
-                            delivery,
-                            alert.fingerprint,
-                            alert.status.value,
-                            alert.starts,
-                            ends,
-                            dict(alert.labels),
-                            dict(alert.annotations),
-                            received,
-                        )
-                    )
-            db.execute("UPDATE deliveries SET new_alerts=? WHERE id=?", (len(new), delivery))
-            out.append(Stored(delivery, tuple(new), len(message.alerts) - len(new)))
+                ids.append(cursor.lastrowid if cursor.rowcount == 1 else None)
+            new = sum(1 for each in ids if each is not None)
+            if new:
+                db.execute("UPDATE deliveries SET new_alerts=? WHERE id=?", (new, delivery_id))
+            out.append((delivery_id, ids))
     return out
 
 
