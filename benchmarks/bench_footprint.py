@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from ports import free_ports
 from vllm_pages import CAPTURE, grown
 
 INTERVAL = 5.0
@@ -62,16 +62,6 @@ class Pages:
         if self.cached[0] != step:
             self.cached = (step, grown(self.text, step))
         return web.Response(text=self.cached[1], content_type="text/plain")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for each in sockets:
-        each.bind(("127.0.0.1", 0))
-    ports = [each.getsockname()[1] for each in sockets]
-    for each in sockets:
-        each.close()
-    return ports
 
 
 def cpu_seconds(pid: int) -> float:

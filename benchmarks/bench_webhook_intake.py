@@ -47,7 +47,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -61,6 +60,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/ is not an installed package; its payload builders are used here
@@ -357,16 +357,6 @@ async def open_loop(
 
 
 # --- the servers ---------------------------------------------------------------------------------
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for each in sockets:
-        each.bind(("127.0.0.1", 0))
-    ports = [each.getsockname()[1] for each in sockets]
-    for each in sockets:
-        each.close()
-    return ports
 
 
 def write_specguard_config(directory: Path, port: int, unused_port: int) -> Path:

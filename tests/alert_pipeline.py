@@ -135,6 +135,11 @@ class Pipeline:
             if line.startswith("alertmanager_notifications_failed_total{") and 'integration="webhook"' in line
         )
 
+    async def next_failed_notification(self, what: str) -> None:
+        """Until Alertmanager fails to deliver one more webhook notification than now."""
+        failed = self.failed_notifications()
+        await self.wait(what, lambda: self.failed_notifications() > failed, timeout=60)
+
     def start_daemon(self) -> None:
         self.daemon.start()
 

@@ -61,22 +61,12 @@ async def test_an_alert_from_alertmanager_acts_once_and_survives_a_kill(tmp_path
         # killed while Alertmanager keeps sending; acceptance recovers while it is down
         assert pipe.daemon.stop(signal.SIGKILL) == -signal.SIGKILL
         deliveries_before = pipe.query("SELECT COUNT(*) FROM deliveries")[0][0]
-        failed = pipe.failed_notifications()
-        await pipe.wait(
-            "a repeat of the firing alert fails against the dead port",
-            lambda: pipe.failed_notifications() > failed,
-            timeout=60,
-        )
+        await pipe.next_failed_notification("a repeat of the firing alert fails against the dead port")
         pipe.recover()
         # Prometheus resolves the alert once the 5 s window holds good data; Alertmanager's
         # resolved notification then fails too, and is sent again later
         await pipe.wait("Prometheus resolves the alert", lambda: not pipe.alertmanager_active(), timeout=90)
-        failed = pipe.failed_notifications()
-        await pipe.wait(
-            "the resolved notification fails against the dead port",
-            lambda: pipe.failed_notifications() > failed,
-            timeout=60,
-        )
+        await pipe.next_failed_notification("the resolved notification fails against the dead port")
         pipe.start_daemon()
         await pipe.wait(
             "the resolution reaches the restarted specguard",
