@@ -591,6 +591,7 @@ class Daemon:
                 self.source = source
             self.webhook_token = token
             self.loaded = new
+            self.alerts.drop_indexes()  # rebuilt, for the rules as they are now, when first read
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.dry_run = new.config.dry_run
             configured = {r.name for r in new.rules}
