@@ -155,9 +155,11 @@ def evaluate_alert_rule(
 ) -> Outcome:
     """An alert rule, on the series that can change, so that its cost follows what happens and not
     how many alerts are known: on a delivery, the series its alerts belong to (``touched``); on the
-    schedule, series new to the rule and series whose clocks run (pending, firing on resolved
-    alerts through keep_firing_for, gone quiet towards forget_after). A series firing on a firing
-    alert, or ok with its alerts resolved, cannot change with time alone and is left as it is.
+    schedule, series new to the rule and series whose state and alerts disagree or whose clocks
+    run (pending; firing on resolved alerts, through keep_firing_for; not firing on a firing alert,
+    as after a delivery whose evaluation could not be stored; gone quiet, towards forget_after). A
+    series firing on a firing alert, or ok with its alerts resolved, cannot change with time alone
+    and is left as it is.
 
     The outcome holds only the series evaluated: merge it into ``previous``.
     """
@@ -172,7 +174,7 @@ def evaluate_alert_rule(
             for key, series in previous.items()
             if key not in present
             or series.state is State.PENDING
-            or (series.state is State.FIRING and key not in firing)
+            or (series.state is State.FIRING) != (key in firing)  # firing on ok, or ok on firing
         )
         keys.update(moving)
     result = alerts.query(item, keys)

@@ -491,7 +491,9 @@ class Daemon:
                 await self._evaluate_one(item, _alert_trigger(concerned), concerned)
             except StoreError as exc:
                 self._store_failed(str(exc))
-                return  # left unprocessed: acted on after the store recovers or at the next start
+                # Left unmarked: the schedule takes these alerts up once the store can be written
+                # (their series disagree with their states), and the next start acts on them.
+                return
             except Exception as exc:
                 log.exception("rule %s: evaluation on an Alertmanager delivery failed", item.name)
                 self._note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")

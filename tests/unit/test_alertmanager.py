@@ -185,7 +185,7 @@ def test_an_alert_rule_evaluates_only_the_series_that_can_change() -> None:
     a, b, c, d = ({**LOW, "instance": name} for name in "abcd")
     for n, labels in enumerate((a, b, c, d), 1):
         book.update(receipt(n, labels))
-    key = {name: series_key({"instance": name}) for name in "abcde"}
+    key = {name: series_key({"instance": name}) for name in "abcdef"}
 
     # a delivery about `a` evaluates `a` alone, however many series the rule has
     first = evaluate_alert_rule(item, book, {}, 1000.0, 15.0, "alertmanager: x", touched=[receipt(1, a)])
@@ -204,7 +204,10 @@ def test_an_alert_rule_evaluates_only_the_series_that_can_change() -> None:
     )  # no alerts left
     previous = {**fired, key["c"]: pending, key["e"]: gone}
     del previous[key["d"]]  # d: alerts known, series not yet (a rule added by a reload)
+    book.update(receipt(6, {**LOW, "instance": "f"}))  # its evaluation was never stored
+    previous[key["f"]] = SeriesState(labels={"instance": "f"}, state=State.RESOLVED, since=1.0)
     later = evaluate_alert_rule(item, book, previous, 1100.0, 15.0)
+    assert later.states[key["f"]].state is State.FIRING  # the schedule catches up
     # a fires on a firing alert: nothing can change it with time, it is left alone
     assert key["a"] not in later.states
     assert later.states[key["b"]].ok_since == 1100.0  # keep_firing_for started
