@@ -337,20 +337,12 @@ def _read_alerts(path: Path) -> Any:
 
 def _trigger_of(item: Any, alerts: Any) -> str:
     """What would evaluate the rule now: the alerts given, when they concern it, or the schedule."""
-    from rules.matchers import all_match
+    from daemon.alertmanager.book import trigger_of
 
-    alert = item.rule.alert
-    if alerts is None or alert is None:
-        return "schedule"
     concerned = [
-        r
-        for r in alerts.alerts.values()
-        if all_match(alert.matchers, r.labels) and (item.rule.alert_only or alert.triggers(r.status))
+        r for r in (alerts.alerts.values() if alerts else ()) if item.rule.takes_alert(r.labels, r.status)
     ]
-    if not concerned:
-        return "schedule"
-    names = ", ".join(dict.fromkeys(f"{r.name or r.fingerprint} {r.status}" for r in concerned))
-    return f"alertmanager: {names} (--alerts)"
+    return trigger_of(concerned, "--alerts") if concerned else "schedule"
 
 
 async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = None) -> list[dict[str, Any]]:

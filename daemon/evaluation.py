@@ -132,12 +132,8 @@ NO_ALERTS = (
 )
 
 
-async def query(
-    item: LoadedRule, source: Source, baseline: Baseline | None = None, alerts: AlertBook | None = None
-) -> SourceResult:
+async def query(item: LoadedRule, source: Source, baseline: Baseline | None = None) -> SourceResult:
     rule = item.rule
-    if rule.alert_only:
-        return alerts.query(item) if alerts is not None else SourceResult.failed(NO_ALERTS)
     if rule.expr is not None:
         return await source.query_expr(rule.expr)
     assert rule.signal is not None
@@ -191,11 +187,18 @@ async def evaluate_rule(
     interval: float,
     alerts: AlertBook | None = None,
     trigger: str = SCHEDULE,
+    touched: Iterable[Receipt] | None = None,
 ) -> tuple[Outcome, SourceResult]:
     """The engine's outcome, and the source's answer it was computed from.
 
-    An alert rule reads ``alerts``; ``trigger`` says what asked for this evaluation.
+    An alert rule reads ``alerts`` and its outcome holds only the series it evaluated (see
+    evaluate_alert_rule); ``trigger`` says what asked for this evaluation.
     """
+    if item.rule.alert_only:
+        if alerts is None:
+            failed = SourceResult.failed(NO_ALERTS)
+            return evaluate(spec_of(item, interval), failed, 0.0, previous, now, trigger), failed
+        return evaluate_alert_rule(item, alerts, previous, now, interval, trigger, touched), SourceResult()
     threshold = thresholds(item, baseline)
-    result = await query(item, source, baseline, alerts) if not isinstance(threshold, str) else SourceResult()
+    result = await query(item, source, baseline) if not isinstance(threshold, str) else SourceResult()
     return evaluate(spec_of(item, interval), result, threshold, previous, now, trigger), result

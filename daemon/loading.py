@@ -65,6 +65,7 @@ class Loaded:
     baseline: Baseline | None = None
     actions: dict[str, Action] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    webhook_token: str | None = None  # the bearer token the webhook wants, read once here
 
     @property
     def errors(self) -> list[Problem]:
@@ -137,7 +138,7 @@ def load(
         loaded.rules.extend(_load_rule_file(path, file_label, loaded.problems))
     _cross_check(loaded)
     _check_token_file(config, data, label, loaded.problems)
-    _check_webhook(config, data, label, loaded.problems)
+    loaded.webhook_token = _webhook_token(config, data, label, loaded.problems)
     return loaded
 
 
@@ -375,14 +376,14 @@ def _check_token_file(config: Config, data: Any, label: str, problems: list[Prob
         problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))
 
 
-def _check_webhook(config: Config, data: Any, label: str, problems: list[Problem]) -> None:
-    """The webhook's token must be readable; off loopback there must be one."""
+def _webhook_token(config: Config, data: Any, label: str, problems: list[Problem]) -> str | None:
+    """The webhook's token. It must be readable; off loopback there must be one."""
     server = config.server
     token_file = server.token_file()
     if token_file is not None:
         where = ("server", "webhook_token_file")
         try:
-            read_secret(token_file, "webhook token file")
+            return read_secret(token_file, "webhook token file")
         except ValueError as exc:
             problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))
     elif not server.loopback:
@@ -397,6 +398,7 @@ def _check_webhook(config: Config, data: Any, label: str, problems: list[Problem
                 f"{CREDENTIAL_NAME}), or listen on 127.0.0.1",
             )
         )
+    return None
 
 
 def check_state_dir(loaded: Loaded, data: Any = None) -> Problem | None:

@@ -18,16 +18,15 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from daemon import __version__, systemd
-from daemon.alertmanager.book import AlertBook, Receipt
+from daemon.alertmanager.book import AlertBook, Receipt, trigger_of
 from daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
 from daemon.alertmanager.payload import Message
 from daemon.alertmanager.receiver import make_handler
 from daemon.config import Config
 from daemon.dispatcher import Dispatcher
 from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
-from daemon.evaluation import evaluate_alert_rule, evaluate_rule
+from daemon.evaluation import evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
-from daemon.secrets import read_secret
 from daemon.selfmetrics import DaemonMetrics
 from daemon.server import Webhook, start_server
 from daemon.sources.base import Source, SourceResult
@@ -35,7 +34,6 @@ from daemon.status import health as health_of
 from daemon.status import rule_rows
 from daemon.store import EventRecord, Store, StoreError
 from rules.durations import format_duration
-from rules.matchers import all_match
 
 log = logging.getLogger("specguard")
 
@@ -99,7 +97,6 @@ class Daemon:
         self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
         self.alerts = AlertBook()  # what Alertmanager has said, alert by alert
         self.inbox = Inbox(self.store, self._acted_on)
-        self.webhook_token: str | None = None
         self._alert_queue: asyncio.Queue[list[Receipt]] = asyncio.Queue()
         self._rule_locks: dict[str, asyncio.Lock] = {}  # one evaluation of a rule at a time
         self.states: dict[str, dict[str, SeriesState]] = {}
@@ -154,18 +151,14 @@ class Daemon:
             log.info("%d alert(s) received before the last stop are acted on now", len(unprocessed))
             self._alert_queue.put_nowait(unprocessed)
         config = self.loaded.config
-        try:
-            self.webhook_token = _webhook_token(config)
-        except ValueError as exc:  # readable when the config was loaded, not any more
-            raise SystemExit(f"specguard: {exc}") from None
         server = config.server
         webhook = Webhook(
             server.webhook_path,
-            make_handler(self, lambda: self.webhook_token, server.webhook_max_body_size, self.metrics),
+            make_handler(self, lambda: self.loaded.webhook_token, server.webhook_max_body_size, self.metrics),
             server.webhook_max_body_size,
         )
         self._site_runner, self.port = await start_server(self, config.listen, config.port, webhook=webhook)
-        if self.webhook_token is None:
+        if self.loaded.webhook_token is None:
             log.info(
                 "the Alertmanager webhook at %s takes deliveries without a token (loopback only)",
                 server.webhook_path,
@@ -360,22 +353,17 @@ class Daemon:
         name = item.name
         previous = self.states.get(name, {})
         partial = item.rule.alert_only  # an alert rule evaluates the series that can change
-        if partial:
-            outcome = evaluate_alert_rule(
-                item, self.alerts, previous, now, self._interval_of(item), trigger, touched
-            )
-            result = SourceResult()
-        else:
-            outcome, result = await evaluate_rule(
-                item,
-                self.source,
-                self.loaded.baseline,
-                previous,
-                now,
-                self._interval_of(item),
-                alerts=self.alerts,
-                trigger=trigger,
-            )
+        outcome, result = await evaluate_rule(
+            item,
+            self.source,
+            self.loaded.baseline,
+            previous,
+            now,
+            self._interval_of(item),
+            alerts=self.alerts,
+            trigger=trigger,
+            touched=touched,
+        )
         for key in outcome.forgotten:
             old = previous.get(key)
             log.info(
@@ -445,12 +433,7 @@ class Daemon:
 
     def _acted_on(self, labels: Mapping[str, str], status: str) -> bool:
         """Whether an alert with ``labels`` and ``status`` moves or triggers some rule now."""
-        return any(
-            item.rule.alert is not None
-            and all_match(item.rule.alert.matchers, labels)
-            and (item.rule.alert_only or item.rule.alert.triggers(status))
-            for item in self.loaded.enabled_rules()
-        )
+        return any(item.rule.takes_alert(labels, status) for item in self.loaded.enabled_rules())
 
     async def _process_alerts(self) -> None:
         """Alert states in the order they were stored: the alert book learns them, then every rule
@@ -477,14 +460,7 @@ class Daemon:
         for receipt in receipts:
             self.alerts.update(receipt)
         for item in self.loaded.enabled_rules():
-            alert = item.rule.alert
-            if alert is None:
-                continue
-            concerned = [
-                r
-                for r in receipts
-                if all_match(alert.matchers, r.labels) and (item.rule.alert_only or alert.triggers(r.status))
-            ]
+            concerned = [r for r in receipts if item.rule.takes_alert(r.labels, r.status)]
             if not concerned:
                 continue
             try:
@@ -573,25 +549,6 @@ class Daemon:
                 log.warning(
                     "reload: webhook_path and webhook_max_body_size changes take effect after a restart"
                 )
-            try:
-                token = _webhook_token(new.config)
-            except ValueError as exc:
-                self.metrics.config_reloads.labels("failed").inc()
-                log.error("reload failed: keeping the running configuration: %s", exc)
-                return False
-            if old.config.sources != new.config.sources or retention_for(old) != retention_for(new):
-                try:
-                    source = make_source(new.config, retention_for(new))
-                except ValueError as exc:  # e.g. the token file became unreadable since loading
-                    self.metrics.config_reloads.labels("failed").inc()
-                    log.error("reload failed: keeping the running configuration: %s", exc)
-                    return False
-                adopt = getattr(source, "adopt", None)
-                if adopt is not None and type(source) is type(self.source):
-                    adopt(self.source)  # targets kept across the reload keep their samples
-                await self.source.close()
-                self.source = source
-            self.webhook_token = token
             self.loaded = new
             self.alerts.drop_indexes()  # rebuilt, for the rules as they are now, when first read
             self.dispatcher.actions = dict(new.actions)
@@ -645,7 +602,7 @@ class Daemon:
             "store": {"path": str(self.store.path), "error": self.store_error},
             "webhook": {
                 "path": self.loaded.config.server.webhook_path,
-                "authenticated": self.webhook_token is not None,
+                "authenticated": self.loaded.webhook_token is not None,
                 "alerts": self.alerts.counts(),
             },
             "dry_run": self.loaded.config.dry_run,
@@ -657,23 +614,14 @@ class Daemon:
         return rule_rows(self.loaded.enabled_rules(), self.states, self.rule_errors, self.rule_verdicts)
 
 
-def _webhook_token(config: Config) -> str | None:
-    """The webhook's bearer token (loading checked that it can be read)."""
-    path = config.server.token_file()
-    return read_secret(path, "webhook token file") if path is not None else None
-
-
 def _alert_trigger(receipts: Sequence[Receipt]) -> str:
-    """``alertmanager: AcceptanceLow firing (delivery 12)``: what moved a rule, for its events."""
-    seen = list(dict.fromkeys(f"{r.name or r.fingerprint} {r.status}" for r in receipts))
-    shown = ", ".join(seen[:3]) + (f" and {len(seen) - 3} more" if len(seen) > 3 else "")
     deliveries = sorted({r.delivery_id for r in receipts})
     which = (
         f"delivery {deliveries[0]}"
         if len(deliveries) == 1
         else f"deliveries {deliveries[0]}-{deliveries[-1]}"
     )
-    return f"alertmanager: {shown} ({which})"
+    return trigger_of(receipts, which)
 
 
 def _rule_verdict(outcome: Outcome, result: SourceResult) -> tuple[str, str | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any
@@ -19,7 +20,7 @@ from pydantic import (
 
 from rules.conditions import Condition, parse_condition
 from rules.durations import Duration, Interval
-from rules.matchers import Matcher, parse_matchers
+from rules.matchers import Matcher, all_match, parse_matchers
 from rules.signals import CATALOG
 from rules.templates import check_template
 
@@ -186,6 +187,13 @@ class Rule(BaseModel):
     def test(self) -> Condition:
         """What a series is compared with: the condition, or "firing alerts > 0" for an alert rule."""
         return self.condition if self.condition is not None else ALERT_CONDITION
+
+    def takes_alert(self, labels: Mapping[str, str], status: str) -> bool:
+        """Whether an Alertmanager alert with ``labels`` and ``status`` moves this rule (an alert
+        rule, whatever the status) or triggers its evaluation (a signal rule, by ``alert.status``)."""
+        if self.alert is None or not all_match(self.alert.matchers, labels):
+            return False
+        return self.alert_only or self.alert.triggers(status)
 
     @property
     def alert_only(self) -> bool:

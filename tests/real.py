@@ -22,7 +22,7 @@ def require_binary(name: str, package: str) -> str:
     path = shutil.which(name)
     if path is not None:
         return path
-    _missing(f"{name} is not installed: install the {package!r} package (apt-get install {package})")
+    missing(f"{name} is not installed: install the {package!r} package (apt-get install {package})")
 
 
 def require_vllm_python() -> str:
@@ -33,14 +33,15 @@ def require_vllm_python() -> str:
     """
     value = os.environ.get(VLLM_PYTHON, "")
     if not value:
-        _missing(f"{VLLM_PYTHON} is not set: run `make e2e`, which installs vLLM into .venv-vllm and sets it")
+        missing(f"{VLLM_PYTHON} is not set: run `make e2e`, which installs vLLM into .venv-vllm and sets it")
     path = os.path.abspath(value)  # not resolved: a venv's python is a symlink out of the venv
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        _missing(f"{VLLM_PYTHON}={value} is not an executable: run `make e2e`, which installs it")
+        missing(f"{VLLM_PYTHON}={value} is not an executable: run `make e2e`, which installs it")
     return path
 
 
-def _missing(message: str) -> NoReturn:
+def missing(message: str) -> NoReturn:
+    """Skip for ``message``, or fail when SPECGUARD_REQUIRE_REAL=1 (see above)."""
     if os.environ.get(REQUIRE_REAL) == "1":
         pytest.fail(f"{message}; {REQUIRE_REAL}=1 forbids skipping real-component tests", pytrace=False)
     pytest.skip(message)

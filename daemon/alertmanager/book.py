@@ -106,6 +106,13 @@ class _Index:
             del self.series[key]
 
 
+def trigger_of(receipts: Iterable[Receipt], where: str) -> str:
+    """``alertmanager: AcceptanceLow firing (delivery 12)``: what moved a rule, for its events."""
+    seen = list(dict.fromkeys(f"{r.name or r.fingerprint} {r.status}" for r in receipts))
+    shown = ", ".join(seen[:3]) + (f" and {len(seen) - 3} more" if len(seen) > 3 else "")
+    return f"alertmanager: {shown} ({where})"
+
+
 class AlertBook:
     def __init__(self, resolved_retention: float = RESOLVED_RETENTION) -> None:
         self.alerts: dict[str, Receipt] = {}

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from tests.processes import Daemon, specguard
-from tests.real import REQUIRE_REAL
+from tests.real import missing
 from tests.replay import CAPTURE, ReplayedVllm
 
 RULES = """\
@@ -77,9 +76,7 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
     )
     if done.returncode != 0:
         message = f"cannot mount a tmpfs ({done.stderr.strip() or done.returncode}): needs root"
-        if os.environ.get(REQUIRE_REAL) == "1":
-            pytest.fail(f"{message}; {REQUIRE_REAL}=1 forbids skipping", pytrace=False)
-        pytest.skip(message)
+        missing(message)
     try:
         yield where
     finally:
@@ -143,9 +140,7 @@ def _raise_nofile(limit: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, max(hard, limit)))
     except (ValueError, OSError) as exc:
         message = f"cannot open {limit} files for the flood (limit {soft}/{hard}: {exc})"
-        if os.environ.get(REQUIRE_REAL) == "1":
-            pytest.fail(f"{message}; {REQUIRE_REAL}=1 forbids skipping", pytrace=False)
-        pytest.skip(message)
+        missing(message)
 
 
 async def test_a_connection_flood_neither_blinds_the_daemon_nor_floods_its_log(
