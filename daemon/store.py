@@ -506,13 +506,18 @@ def _events(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[s
 
 def _history(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[str, Any]]:
     events = _events(db, rule, limit)
+    runs: dict[int, list[dict[str, Any]]] = {event["id"]: [] for event in events}
+    if runs:  # every run of these events in one query, not one per event
+        marks = ",".join("?" * len(runs))
+        for run in _rows(
+            db,
+            f"SELECT event_id, action, status, reason, detail, attempts, finished FROM action_runs "
+            f"WHERE event_id IN ({marks}) ORDER BY id",
+            tuple(runs),
+        ):
+            runs[run.pop("event_id")].append(run)
     for event in events:
         event["labels"] = json.loads(event["labels"])
         event["annotations"] = json.loads(event["annotations"])
-        event["runs"] = _rows(
-            db,
-            "SELECT action, status, reason, detail, attempts, finished FROM action_runs WHERE event_id=? "
-            "ORDER BY id",
-            (event["id"],),
-        )
+        event["runs"] = runs[event["id"]]
     return events

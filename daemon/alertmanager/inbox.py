@@ -134,13 +134,6 @@ class Inbox:
         """Drop receipts and deliveries older than ``before``, keeping each alert's newest state."""
         return await self.store.call(lambda db: _prune(db, before))
 
-    async def deliveries(self, limit: int = 20) -> list[dict[str, object]]:
-        def rows(db: sqlite3.Connection) -> list[dict[str, object]]:
-            cursor = db.execute("SELECT * FROM deliveries ORDER BY id DESC LIMIT ?", (limit,))
-            return [dict(row) for row in cursor]
-
-        return await self.store.call(rows)
-
 
 def _stored(delivery: _Delivery, delivery_id: int, ids: Sequence[int | None]) -> Stored:
     """What a written delivery added: a receipt for each alert state new to the store."""
@@ -228,16 +221,23 @@ def _receipts(db: sqlite3.Connection, where: str) -> list[Receipt]:
     return [_receipt(row) for row in db.execute(f"SELECT * FROM alert_receipts {where}")]
 
 
+# A receipt that is its alert's newest state: no later episode (startsAt, stored in one UTC
+# spelling, so its text orders as its time), and not a firing state its resolution followed.
+_NEWEST = """NOT EXISTS (SELECT 1 FROM alert_receipts o WHERE o.fingerprint = r.fingerprint
+    AND (o.starts_at > r.starts_at OR (o.starts_at = r.starts_at AND o.status = 'resolved'
+    AND r.status = 'firing')))"""
+
+
 def _known(db: sqlite3.Connection) -> list[Receipt]:
-    # Every receipt in order: the book keeps the newest state of each alert.
-    return _receipts(db, "ORDER BY id")
+    # Only each alert's newest state, not the week of repeats kept for deduplication.
+    return _receipts(db, f"r WHERE {_NEWEST} ORDER BY id")
 
 
 def _prune(db: sqlite3.Connection, before: float) -> int:
     with transaction(db):
         removed = db.execute(
-            "DELETE FROM alert_receipts WHERE received < ? AND id NOT IN "
-            "(SELECT MAX(id) FROM alert_receipts GROUP BY fingerprint)",
+            f"DELETE FROM alert_receipts WHERE id IN (SELECT id FROM alert_receipts r "
+            f"WHERE r.received < ? AND NOT ({_NEWEST}))",
             (before,),
         ).rowcount
         db.execute(

@@ -228,3 +228,31 @@ def test_a_rule_index_follows_alerts_that_arrive_resolve_and_are_pruned() -> Non
     book.update(receipt(4, {**LOW, "model_name": "other"}, "resolved"))
     assert book.prune(now=200.0) == 2
     assert book.keys(item) == set() and book.query(item).series == ()
+
+
+async def test_the_store_gives_back_each_alerts_newest_state_and_prunes_the_rest(tmp_path: Any) -> None:
+    from daemon.alertmanager.inbox import Inbox
+    from daemon.store import Store
+
+    store = Store(tmp_path / "specguard.db")
+    await store.open()
+    inbox = Inbox(store)
+    try:
+        late = "2026-12-03T11:00:00Z"
+        for sent in (
+            message(alert(LOW)),
+            message(alert(LOW, status="resolved")),
+            message(alert(LOW, starts_at=late)),  # a new episode
+            message(alert(LOW)),  # a late copy of the first episode: already known
+            message(alert({**LOW, "instance": "b"}, status="resolved")),
+        ):
+            await inbox.put(parse(json.dumps(sent).encode()), 100.0)
+        newest = {(r.labels["instance"], r.status, r.starts_at[:13]) for r in await inbox.known()}
+        assert newest == {("a:8000", "firing", "2026-12-03T11"), ("b", "resolved", "2026-12-03T10")}
+        assert await inbox.prune(before=200.0) == 2  # the first episode's firing and resolved states
+        assert {(r.labels["instance"], r.status) for r in await inbox.known()} == {
+            ("a:8000", "firing"),
+            ("b", "resolved"),
+        }
+    finally:
+        await store.close()
