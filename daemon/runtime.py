@@ -98,7 +98,8 @@ class Daemon:
         self.alerts = AlertBook()  # what Alertmanager has said, alert by alert
         self.inbox = Inbox(self.store, self._acted_on)
         self._alert_queue: asyncio.Queue[list[Receipt]] = asyncio.Queue()
-        self._rule_locks: dict[str, asyncio.Lock] = {}  # one evaluation of a rule at a time
+        self._rule_locks: dict[str, asyncio.Lock] = {}
+        self._connections_peak = 0  # one evaluation of a rule at a time
         self.states: dict[str, dict[str, SeriesState]] = {}
         self.rule_errors: dict[str, str | None] = {}
         self.scheduler: AsyncIOScheduler | None = None
@@ -581,6 +582,12 @@ class Daemon:
             body["reason"] = "; ".join(r for r in (body.get("reason"), self.store_error) if r)
             return False, body
         return healthy, body
+
+    def connections_held(self, count: int) -> None:
+        """The HTTP server holds ``count`` connections now (after closing any beyond its cap)."""
+        if count > self._connections_peak:
+            self._connections_peak = count
+            self.metrics.connections_peak.set(count)
 
     def connections_evicted(self) -> None:
         """The HTTP server closed an old connection to make room (a flood, or many idle clients)."""

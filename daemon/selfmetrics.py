@@ -37,6 +37,11 @@ class DaemonMetrics:
             "Connections to specguard's own HTTP server closed to stay under its connection cap",
             registry=r,
         )
+        self.connections_peak = Gauge(
+            "specguard_http_connections_peak",
+            "Most connections specguard's own HTTP server held at once since it started",
+            registry=r,
+        )
         self.store_errors = Counter(
             "specguard_store_errors",
             "Writes to the state store that failed (a full disk, a read-only file system)",

@@ -111,6 +111,7 @@ def _cap_connections(runner: web.AppRunner, most: int, observed: Observed) -> No
     assert server is not None
     made = server.connection_made
     evicted = getattr(observed, "connections_evicted", None)
+    held = getattr(observed, "connections_held", None)
 
     closing: set[Any] = set()  # closed here, and not yet gone from server.connections
 
@@ -119,10 +120,13 @@ def _cap_connections(runner: web.AppRunner, most: int, observed: Observed) -> No
         connections = server.connections  # oldest first
         closing.intersection_update(connections)
         live = [c for c in connections if c not in closing]
-        for old in live[: max(0, len(live) - most)]:
+        excess = live[: max(0, len(live) - most)]
+        for old in excess:
             closing.add(old)
             old.force_close()
             if evicted is not None:
                 evicted()
+        if held is not None:
+            held(len(live) - len(excess))
 
     server.connection_made = connection_made  # type: ignore[method-assign]

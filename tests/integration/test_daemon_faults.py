@@ -188,13 +188,17 @@ async def test_a_connection_flood_neither_blinds_the_daemon_nor_floods_its_log(
     assert daemon.stop() == 0
     log = daemon.log.read_text().splitlines()
     assert len(log) < 50, f"{len(log)} log lines during the flood"
-    # The daemon held at most 256 connections, plus one batch of accepts not yet handed over to the
-    # server (asyncio accepts up to the listen backlog, 128, at a time), plus its own files...
-    assert max(open_files) <= 256 + 128 + 64, open_files
-    (evicted,) = [
-        line for line in metrics.splitlines() if line.startswith("specguard_http_connections_evicted_total ")
-    ]
-    assert float(evicted.split()[1]) > 0  # ...by closing the oldest idle ones to make room
+    # The server never held more than its cap of 256 connections (its open files, sampled above,
+    # add the sockets accepted and not yet handed to it, which depends on scheduling)...
+    print(f"daemon's open files during the flood: {open_files}")
+    assert _metric(metrics, "specguard_http_connections_peak") == 256
+    # ...by closing the oldest idle ones to make room
+    assert _metric(metrics, "specguard_http_connections_evicted_total") > 0
+
+
+def _metric(text: str, name: str) -> float:
+    (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])
 
 
 @contextlib.contextmanager
