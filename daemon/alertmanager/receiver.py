@@ -4,7 +4,7 @@ Alertmanager retries a 5xx and a failed connection, and drops every 4xx for good
 
 - 200 once the delivery is durably stored (a repeat of what is stored is a 200 too, stored once);
 - 401 for a missing or wrong bearer token (compared in constant time);
-- 415 for a body that is not declared JSON, 413 over the size limit, 400 for anything that is not
+- 415 for a body not declared JSON or sent encoded, 413 over the size limit, 400 for anything not
   a version 4 payload, each with the reason in the body and in the log;
 - 503 when the store cannot take the delivery, so that Alertmanager sends it again.
 
@@ -40,7 +40,12 @@ class Sink(Protocol):
         ...
 
 
-def _reject(status: int, outcome: str, reason: str, metrics: DaemonMetrics, **headers: str) -> web.Response:
+def _reject(
+    status: int, outcome: str, reason: str, metrics: DaemonMetrics, peer: str, **headers: str
+) -> web.Response:
+    """A refusal, logged: Alertmanager drops a 4xx for good, so this log line is all that is left."""
+    if status < 500:
+        log.warning("webhook from %s refused: %s", peer, reason)
     metrics.webhook_deliveries.labels(outcome).inc()
     return web.json_response({"status": "rejected", "reason": reason}, status=status, headers=headers)
 
@@ -70,8 +75,7 @@ def make_handler(
             )
             if not right:
                 why = "missing bearer token" if not header else "wrong bearer token"
-                log.warning("webhook from %s refused: %s", peer, why)
-                return _reject(401, "unauthorized", why, metrics, **{"WWW-Authenticate": "Bearer"})
+                return _reject(401, "unauthorized", why, metrics, peer, **{"WWW-Authenticate": "Bearer"})
         if request.content_type != "application/json":
             declared = request.headers.get("Content-Type")
             why = (
@@ -79,13 +83,11 @@ def make_handler(
                 if declared
                 else "Content-Type is missing: send application/json"
             )
-            log.warning("webhook from %s refused: %s", peer, why)
-            return _reject(415, "bad_request", why, metrics)
+            return _reject(415, "bad_request", why, metrics, peer)
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding != "identity":
             why = f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed"
-            log.warning("webhook from %s refused: %s", peer, why)
-            return _reject(415, "bad_request", why, metrics)
+            return _reject(415, "bad_request", why, metrics, peer)
         if request.content_length is not None and request.content_length > max_body:
             return _too_large(peer, request.content_length)
         try:
@@ -94,19 +96,22 @@ def make_handler(
             return _too_large(peer, None)
         except (ClientPayloadError, HttpProcessingError) as exc:
             why = f"the body could not be read: {exc}"
-            log.warning("webhook from %s refused: %s", peer, why)
-            return _reject(400, "bad_request", why, metrics)
+            return _reject(400, "bad_request", why, metrics, peer)
         try:
             message = parse(body)
         except BadPayload as exc:
-            log.warning("webhook from %s refused: %s", peer, exc)
-            return _reject(400, "bad_request", str(exc), metrics)
+            return _reject(400, "bad_request", str(exc), metrics, peer)
         try:
             stored = await sink.deliver(message, time.time())
         except StoreError as exc:
             log.error("webhook from %s not stored, Alertmanager will retry: %s", peer, exc)
             return _reject(
-                503, "store_failing", f"cannot store the delivery: {exc}", metrics, **{"Retry-After": "5"}
+                503,
+                "store_failing",
+                f"cannot store the delivery: {exc}",
+                metrics,
+                peer,
+                **{"Retry-After": "5"},
             )
         outcome = "duplicate" if message.alerts and not stored.new else "stored"
         metrics.webhook_deliveries.labels(outcome).inc()
@@ -145,7 +150,6 @@ def make_handler(
     def _too_large(peer: str, size: int | None) -> web.Response:
         given = f" ({size} bytes)" if size is not None else ""
         why = f"body over the limit of {max_body} bytes{given}: lower Alertmanager's max_alerts or raise server.webhook_max_body_size"
-        log.warning("webhook from %s refused: %s", peer, why)
-        return _reject(413, "too_large", why, metrics)
+        return _reject(413, "too_large", why, metrics, peer)
 
     return receive
