@@ -34,6 +34,7 @@ from daemon.status import health as health_of
 from daemon.status import rule_rows
 from daemon.store import EventRecord, Store, StoreError
 from rules.durations import format_duration
+from rules.matchers import all_match
 
 log = logging.getLogger("specguard")
 
@@ -95,7 +96,10 @@ class Daemon:
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
         self.source: Source = make_source(loaded.config, retention_for(loaded))
         self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
-        self.alerts = AlertBook()  # what Alertmanager has said, alert by alert
+        # What Alertmanager has said, alert by alert, of the alerts some rule watches: the others
+        # are only stored (a reload that adds a rule reads them back from the store).
+        self.alerts = AlertBook()
+        self._rebuilding: list[Receipt] | None = None  # receipts taken in while the book is rebuilt
         self.inbox = Inbox(self.store, self._acted_on)
         self._alert_queue: asyncio.Queue[list[Receipt]] = asyncio.Queue()
         self._rule_locks: dict[str, asyncio.Lock] = {}
@@ -146,7 +150,7 @@ class Daemon:
             firing,
         )
         await self.dispatcher.run()  # runs left unfinished by the previous process
-        self.alerts.load(await self.inbox.known())
+        self.alerts.load(r for r in await self.inbox.known() if self._watched(r.labels))
         unprocessed = await self.inbox.unprocessed()  # stored, then the process stopped
         if unprocessed:
             log.info("%d alert(s) received before the last stop are acted on now", len(unprocessed))
@@ -426,11 +430,36 @@ class Daemon:
         """A webhook delivery: stored (the answer waits for this), then acted on in order."""
         stored = await self.inbox.put(message, received)
         for receipt in stored.new:
-            if receipt not in stored.to_act_on:
-                self.alerts.update(receipt)  # no rule acts on it now; a rule added later may
+            if receipt not in stored.to_act_on and self._watched(receipt.labels):
+                self._book(receipt)  # a rule reads it, but this status does not trigger it
         if stored.to_act_on:
             self._alert_queue.put_nowait(list(stored.to_act_on))
         return stored
+
+    def _watched(self, labels: Mapping[str, str]) -> bool:
+        """Whether some rule's ``alert.match`` takes an alert with ``labels`` (whatever its status)."""
+        return any(
+            item.rule.alert is not None and all_match(item.rule.alert.matchers, labels)
+            for item in self.loaded.enabled_rules()
+        )
+
+    def _book(self, receipt: Receipt) -> None:
+        self.alerts.update(receipt)
+        if self._rebuilding is not None:
+            self._rebuilding.append(receipt)
+
+    async def _rebuild_book(self) -> None:
+        """The alert book anew from the store, for the rules as they are now (after a reload).
+        Receipts taken in meanwhile are applied again to the new book: the store had them too, or
+        was about to."""
+        self._rebuilding = []
+        try:
+            book = AlertBook()
+            book.load(r for r in await self.inbox.known() if self._watched(r.labels))
+            book.load(r for r in self._rebuilding if self._watched(r.labels))  # stale ones are ignored
+            self.alerts = book
+        finally:
+            self._rebuilding = None
 
     def _acted_on(self, labels: Mapping[str, str], status: str) -> bool:
         """Whether an alert with ``labels`` and ``status`` moves or triggers some rule now."""
@@ -459,7 +488,7 @@ class Daemon:
 
     async def _act_on_alerts(self, receipts: list[Receipt]) -> None:
         for receipt in receipts:
-            self.alerts.update(receipt)
+            self._book(receipt)
         for item in self.loaded.enabled_rules():
             concerned = [r for r in receipts if item.rule.takes_alert(r.labels, r.status)]
             if not concerned:
@@ -551,7 +580,7 @@ class Daemon:
                     "reload: webhook_path and webhook_max_body_size changes take effect after a restart"
                 )
             self.loaded = new
-            self.alerts.drop_indexes()  # rebuilt, for the rules as they are now, when first read
+            await self._rebuild_book()
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.dry_run = new.config.dry_run
             configured = {r.name for r in new.rules}
@@ -610,7 +639,7 @@ class Daemon:
             "webhook": {
                 "path": self.loaded.config.server.webhook_path,
                 "authenticated": self.loaded.webhook_token is not None,
-                "alerts": self.alerts.counts(),
+                "watched_alerts": self.alerts.counts(),  # alerts some rule watches, by status
             },
             "dry_run": self.loaded.config.dry_run,
             "last_evaluation": self.last_round,

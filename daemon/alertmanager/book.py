@@ -146,10 +146,6 @@ class AlertBook:
                 index.drop(fp)
         return len(old)
 
-    def drop_indexes(self) -> None:
-        """Forget every rule's index (after a reload: rules that changed get new ones)."""
-        self._indexes.clear()
-
     def _index(self, item: LoadedRule) -> _Index:
         alert = item.rule.alert
         assert alert is not None

@@ -73,7 +73,7 @@ async def test_an_alert_from_alertmanager_acts_once_and_survives_a_kill(tmp_path
             lambda: [kind for kind, _, _ in pipe.runs("am_acceptance_low")] == ["firing", "resolved"],
             timeout=90,
         )
-        await pipe.daemon.wait_for(lambda s: s["webhook"]["alerts"]["firing"] == 0, timeout=30)
+        await pipe.daemon.wait_for(lambda s: s["webhook"]["watched_alerts"]["firing"] == 0, timeout=30)
 
     assert pipe.query("SELECT COUNT(*) FROM deliveries")[0][0] > deliveries_before
     runs = pipe.runs("am_acceptance_low")

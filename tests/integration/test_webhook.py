@@ -223,7 +223,7 @@ async def test_a_firing_alert_fires_the_alert_rule_and_triggers_the_signal_rule_
     assert daemon.status()["webhook"] == {
         "path": "/alertmanager",
         "authenticated": True,
-        "alerts": {"firing": 1, "resolved": 1},
+        "watched_alerts": {"firing": 0, "resolved": 1},  # DiskFull: stored, no rule watches it
     }
 
 
@@ -241,7 +241,7 @@ async def test_deduplication_and_unfinished_work_survive_a_restart(
     assert (status, body["status"]) == (200, "duplicate")
     await settled(again)
     assert runs(again, "am_low") == [("firing", "ok")]
-    assert again.status()["webhook"]["alerts"] == {"firing": 1, "resolved": 0}
+    assert again.status()["webhook"]["watched_alerts"] == {"firing": 1, "resolved": 0}
 
     # stored but not acted on when the process stopped (as after a SIGKILL): acted on at the start
     await again.shutdown()
@@ -397,3 +397,37 @@ async def test_without_a_token_on_loopback_deliveries_need_no_credentials(
     status, _ = await post(daemon, message(alert(LOW)), token=None)
     assert status == 200
     assert daemon.status()["webhook"]["authenticated"] is False
+
+
+async def test_the_book_holds_watched_alerts_and_a_reload_reads_the_others_back(
+    started: Callable[..., Awaitable[Daemon]], tmp_path: Path
+) -> None:
+    daemon = await started()
+    status, body = await post(daemon, message(alert(LOW), alert(OTHER)))
+    assert (status, body["new"]) == (200, 2)
+    await settled(daemon)
+    # DiskFull is stored, but no rule watches it: the book (memory) does not keep it
+    assert sorted(r.name for r in daemon.alerts.alerts.values()) == ["AcceptanceLow"]
+
+    # a reload adds a rule on DiskFull: the alert stored before is read back, and the rule sees
+    # its series firing at its next evaluation, without Alertmanager sending it again
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        rules.read_text()
+        + "  - name: disk\n    alert:\n      match: {alertname: DiskFull}\n    group_by: [instance]\n"
+    )
+    assert await daemon.reload()
+    assert sorted(r.name for r in daemon.alerts.alerts.values()) == ["AcceptanceLow", "DiskFull"]
+    for _ in range(400):
+        state = daemon.states.get("disk", {}).get('{"instance":"vllm-a:8000"}')
+        if state is not None and state.state.value == "firing":
+            break
+        await asyncio.sleep(0.025)
+    else:
+        raise AssertionError(f"the new rule did not fire: {daemon.states.get('disk')}")
+
+    # and a later delivery of an alert no rule watches is stored, not kept in memory
+    status, body = await post(daemon, message(alert({"alertname": "Unwatched", "instance": "x"})))
+    assert (status, body["new"]) == (200, 1)
+    await settled(daemon)
+    assert "Unwatched" not in {r.name for r in daemon.alerts.alerts.values()}
