@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from actions.base import Action, ActionContext, ActionParams, Outcome
+from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
+from actions.feature_flag import FeatureFlagAction
 from actions.log import LogAction
 
-ACTION_TYPES: dict[str, type[Action]] = {cls.type: cls for cls in (LogAction,)}
+ACTION_TYPES: dict[str, type[Action]] = {cls.type: cls for cls in (LogAction, FeatureFlagAction)}
 
 # Instances every config has without declaring them.
 BUILTIN_INSTANCES: dict[str, dict[str, str]] = {"log": {"type": "log"}}
@@ -15,6 +16,7 @@ __all__ = [
     "BUILTIN_INSTANCES",
     "Action",
     "ActionContext",
+    "ActionMemory",
     "ActionParams",
     "Outcome",
 ]

@@ -1,20 +1,32 @@
 """The one small interface every action implements.
 
 An action does one thing, idempotently, within a timeout, and reports an outcome. Actions that
-change the world can undo it (``restore``). The dispatcher owns retries, guards and recording.
+change the world (``changes_world``) can undo it: the dispatcher calls ``restore`` for them, not
+``run``, once the rule has resolved and stayed so for ``restore_delay``. The dispatcher owns
+guards, scheduling and recording; an action keeps what it must remember (a flag's holders, a Slack
+thread) in its ``memory``, which the store keeps.
 """
 
 from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rules.durations import Duration
+
+
+class Budget(BaseModel):
+    """``budget: {runs: 2, per: 1h}``: at most this many runs in any such window."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runs: int = Field(ge=1)
+    per: Duration = Field(gt=0)
 
 
 class ActionParams(BaseModel):
@@ -24,6 +36,23 @@ class ActionParams(BaseModel):
 
     type: str
     timeout: Duration = Field(30.0, gt=0)
+    # Guards (between the dispatcher and the action): a series' firing is acted on at most once
+    # per ``cooldown``, and the action runs at most ``budget.runs`` times per ``budget.per``.
+    cooldown: Duration = Field(0.0, ge=0)
+    budget: Budget | None = None
+
+
+class ActionMemory(Protocol):
+    """What one action keeps between runs and restarts: JSON values by key, in the store."""
+
+    async def read(self, key: str) -> Any:
+        """The value stored under ``key``, or None."""
+        ...
+
+    async def update(self, key: str, change: Callable[[Any], Any]) -> Any:
+        """Store ``change(current)`` (current: None when there is none) and return it, as one
+        transaction: two updates never interleave."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -39,12 +68,18 @@ class ActionContext:
     summary: str
     annotations: Mapping[str, str] = field(default_factory=dict)
     event_id: int | None = None
+    series: str = ""  # the series' key, as the store spells it
+    at: float | None = None  # when the event happened (unix time)
+    memory: ActionMemory | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
     ok: bool
     detail: str = ""
+    # A restore that could not be done yet (a canary that failed): try again after this many
+    # seconds. None: the outcome is final.
+    retry_after: float | None = None
 
 
 class Action(ABC):
@@ -52,14 +87,27 @@ class Action(ABC):
 
     type: ClassVar[str]
     Params: ClassVar[builtins.type[ActionParams]] = ActionParams
+    # Whether the action changes the world (and ``restore`` undoes it) or only tells of the event.
+    changes_world: ClassVar[bool] = False
 
     def __init__(self, name: str, params: ActionParams):
+        """Raises ValueError when the action cannot be set up (a secret it cannot read)."""
         self.name = name
         self.params = params
 
     @property
     def timeout(self) -> float:
         return self.params.timeout
+
+    @property
+    def restore_delay(self) -> float:
+        """How long a rule must stay resolved before ``restore`` is called."""
+        return 0.0
+
+    def memory(self, ctx: ActionContext) -> ActionMemory:
+        if ctx.memory is None:
+            raise RuntimeError(f"action {self.name} needs the store, and was run without one")
+        return ctx.memory
 
     @abstractmethod
     async def run(self, ctx: ActionContext) -> Outcome:

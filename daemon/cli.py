@@ -434,6 +434,15 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             print(f"{row['rule']}: {row['error']}", file=sys.stderr)
 
 
+def _run_cell(run: dict[str, Any]) -> str:
+    """``fallback:ok``, ``fallback(restore):pending``, ``log:skipped (cooldown)``."""
+    name = run["action"] + ("(restore)" if run.get("mode") == "restore" else "")
+    cell = f"{name}:{run['status']}"
+    if run["status"] == "skipped" and run.get("reason"):
+        cell += f" ({run['reason'].split(':')[0]})"
+    return cell
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     from daemon.loading import load
     from daemon.runtime import STORE_FILE
@@ -473,7 +482,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     for event in events:
         moment = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event["at"]))
         labels = ",".join(f"{k}={v}" for k, v in sorted(event["labels"].items())) or "-"
-        runs = ", ".join(f"{run['action']}:{run['status']}" for run in event["runs"]) or "-"
+        runs = ", ".join(_run_cell(run) for run in event["runs"]) or "-"
         change = f"{event['previous']} -> {event['kind']}"
         table.append((moment, event["rule"], labels, change, event["trigger"], runs))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]

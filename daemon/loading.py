@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from actions import ACTION_TYPES, BUILTIN_INSTANCES, Action
+from common.secrets import read_secret
 from daemon.baseline import Baseline, parse_baseline
 from daemon.config import CREDENTIAL_NAME, MOVED_KEYS, Config
-from daemon.secrets import read_secret
 from daemon.yamlfile import FileProblems, LineDict, Problem, line_of, load_yaml, validation_problems
 from rules.matchers import Matcher
 from rules.schema import Rule, RuleFile
@@ -127,7 +127,7 @@ def load(
         return Loaded(Config(), label, problems=[*moved, *validation_problems(label, data, exc)])
     config = _resolve_paths(config, base_dir)
     loaded = Loaded(config, label, problems=moved)
-    loaded.actions = _load_actions(config, data, label, loaded.problems)
+    loaded.actions = _load_actions(config, data, label, loaded.problems, base_dir)
     loaded.baseline = _load_baseline(config, data, label, loaded.problems)
     patterns = list(rule_files) or list(config.rules)
     # Files named on the command line are relative to where the command runs, like promtool's;
@@ -314,7 +314,10 @@ def _cross_check(loaded: Loaded) -> None:
             )
 
 
-def _load_actions(config: Config, data: Any, label: str, problems: list[Problem]) -> dict[str, Action]:
+def _load_actions(
+    config: Config, data: Any, label: str, problems: list[Problem], base: Path
+) -> dict[str, Action]:
+    """The configured action instances. Paths in them are relative to the config's directory."""
     actions: dict[str, Action] = {}
     declared: dict[str, Any] = {**BUILTIN_INSTANCES, **config.actions}
     for name, raw in declared.items():
@@ -335,11 +338,14 @@ def _load_actions(config: Config, data: Any, label: str, problems: list[Problem]
             )
             continue
         try:
-            params: BaseModel = cls.Params.model_validate(raw)
+            params: BaseModel = cls.Params.model_validate(raw, context={"base": base})
         except ValidationError as exc:
             problems.extend(validation_problems(label, data, exc, prefix=where))
             continue
-        actions[name] = cls(name, params)  # type: ignore[arg-type]
+        try:
+            actions[name] = cls(name, params)  # type: ignore[arg-type]
+        except ValueError as exc:  # a secret it cannot read, say
+            problems.append(Problem(label, line_of(data, where), f"actions.{name}", str(exc)))
     return actions
 
 

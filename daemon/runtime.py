@@ -23,7 +23,7 @@ from daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
 from daemon.alertmanager.payload import Message
 from daemon.alertmanager.receiver import make_handler
 from daemon.config import Config
-from daemon.dispatcher import Dispatcher
+from daemon.dispatch import Dispatcher
 from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
@@ -169,6 +169,7 @@ class Daemon:
                 server.webhook_path,
             )
         self._spawn(self._process_alerts())
+        self._spawn(self.dispatcher.serve())  # restores, when their quiet period is over
         self._start_scheduler()
         if handle_signals:
             self._install_signal_handlers()
@@ -384,12 +385,14 @@ class Daemon:
         # Nothing is decided until it is stored: if the store cannot be written, the states stay as
         # they were and the same transitions are found again once it can.
         if partial:
-            pending = await self.store.commit_series(name, outcome.states, outcome.forgotten, records)
+            pending = await self.store.commit_series(
+                name, outcome.states, outcome.forgotten, records, self.dispatcher.guard
+            )
             states = {**previous, **outcome.states}
             for key in outcome.forgotten:
                 states.pop(key, None)
         else:
-            pending = await self.store.commit_evaluation(name, outcome.states, records)
+            pending = await self.store.commit_evaluation(name, outcome.states, records, self.dispatcher.guard)
             states = outcome.states
         self.states[name] = states
         self.rule_verdicts[name] = _rule_verdict(outcome, result)

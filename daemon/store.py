@@ -31,7 +31,7 @@ class StoreError(Exception):
     """The store cannot be read or written; the message names the file and the reason."""
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Columns each schema version added to a table, so an older database is brought up to date.
 _COLUMNS_SINCE = {
     2: (
@@ -40,6 +40,7 @@ _COLUMNS_SINCE = {
         ("series_state", "last_seen REAL"),
     ),
     3: (("events", "trigger TEXT NOT NULL DEFAULT 'schedule'"), ("series_state", "moved_by TEXT")),
+    4: (("action_runs", "mode TEXT NOT NULL DEFAULT 'run'"), ("action_runs", "not_before REAL")),
 }
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -62,9 +63,15 @@ CREATE TABLE IF NOT EXISTS action_runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
     action TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
     detail TEXT NOT NULL DEFAULT '', created REAL NOT NULL, started REAL, finished REAL,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0, mode TEXT NOT NULL DEFAULT 'run', not_before REAL
 );
 CREATE INDEX IF NOT EXISTS action_runs_status ON action_runs (status);
+CREATE INDEX IF NOT EXISTS action_runs_action_created ON action_runs (action, created);
+-- What each action remembers between runs and restarts (a flag's holders, a Slack thread): JSON.
+CREATE TABLE IF NOT EXISTS action_memory (
+    action TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (action, key)
+);
 -- Alertmanager webhook deliveries (one row per accepted POST), and each alert state they brought,
 -- once: (fingerprint, status, starts_at) is the deduplication key across retries and restarts.
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -83,6 +90,22 @@ CREATE INDEX IF NOT EXISTS alert_receipts_unprocessed ON alert_receipts (process
 
 
 @dataclass(frozen=True)
+class PlannedRun:
+    """What the dispatcher decided for one action of an event."""
+
+    action: str
+    status: str  # pending | skipped
+    reason: str = ""
+    mode: str = "run"  # run | restore (undo what a world-changing action did)
+    not_before: float | None = None  # not carried out before this time (a restore's quiet period)
+
+
+# Given the transaction an event is written in and a run planned for it, the run as it is to be
+# written: the guards' last word, taken where no other commit can slip in between.
+Guard = Callable[[sqlite3.Connection, "Event", PlannedRun], PlannedRun]
+
+
+@dataclass(frozen=True)
 class EventRecord:
     """An event with what the dispatcher decided for it."""
 
@@ -92,7 +115,7 @@ class EventRecord:
     annotations: Mapping[str, str]
     shadow: bool
     dry_run: bool
-    runs: Sequence[tuple[str, str, str]]  # (action, status, reason); status pending|skipped
+    runs: Sequence[PlannedRun]
     trigger: str = "schedule"  # what evaluated the rule: the schedule, or an Alertmanager delivery
 
 
@@ -103,6 +126,9 @@ class ActionRun:
     action: str
     status: str
     attempts: int
+    mode: str
+    at: float
+    series: str
     rule: str
     kind: str
     labels: dict[str, str]
@@ -206,10 +232,15 @@ class Store:
         return await self._call(_load_states)
 
     async def commit_evaluation(
-        self, rule: str, states: Mapping[str, SeriesState], records: Sequence[EventRecord]
+        self,
+        rule: str,
+        states: Mapping[str, SeriesState],
+        records: Sequence[EventRecord],
+        guard: Guard | None = None,
     ) -> list[int]:
-        """Replace the rule's states and add its events and runs, atomically. Returns pending run ids."""
-        return await self._call(lambda db: _commit(db, rule, states, records))
+        """Replace the rule's states and add its events and runs, atomically. Each pending run
+        passes ``guard`` in the same transaction. Returns pending run ids."""
+        return await self._call(lambda db: _commit(db, rule, states, records, guard=guard))
 
     async def commit_series(
         self,
@@ -217,18 +248,79 @@ class Store:
         states: Mapping[str, SeriesState],
         forgotten: Sequence[str],
         records: Sequence[EventRecord],
+        guard: Guard | None = None,
     ) -> list[int]:
         """Like commit_evaluation, for some of the rule's series: these states are written over
         their rows, the forgotten ones deleted, the others left as they are."""
-        return await self._call(lambda db: _commit(db, rule, states, records, forgotten))
+        return await self._call(lambda db: _commit(db, rule, states, records, forgotten, guard))
 
     async def forget_rules(self, keep: set[str]) -> int:
         """Drop the states of rules that are no longer configured."""
         return await self._call(lambda db: _forget(db, keep))
 
-    async def runs_to_do(self, ids: Sequence[int] | None = None) -> list[ActionRun]:
-        """Runs still pending, or started and never finished (the daemon stopped mid-run)."""
-        return await self._call(lambda db: _runs_to_do(db, ids))
+    async def runs_to_do(self, ids: Sequence[int] | None = None, now: float | None = None) -> list[ActionRun]:
+        """Runs still pending and due by ``now``, or started and never finished (the daemon
+        stopped mid-run)."""
+        at = time.time() if now is None else now
+        return await self._call(lambda db: _runs_to_do(db, ids, at))
+
+    async def next_due(self) -> float | None:
+        """When the earliest pending run that waits (a restore in its quiet period) is due."""
+        row = await self._call(
+            lambda db: db.execute(
+                "SELECT min(not_before) FROM action_runs WHERE status='pending' AND not_before IS NOT NULL"
+            ).fetchone()
+        )
+        return None if row[0] is None else float(row[0])
+
+    async def retry_run(self, run_id: int, detail: str, not_before: float) -> None:
+        """Back to pending, to be carried out again at ``not_before`` (a restore whose canary
+        failed)."""
+        await self._call(
+            lambda db: _update(
+                db,
+                "UPDATE action_runs SET status='pending', detail=?, not_before=? WHERE id=?",
+                (detail, not_before, run_id),
+            )
+        )
+
+    async def memory_read(self, action: str, key: str) -> Any:
+        def read(db: sqlite3.Connection) -> Any:
+            row = db.execute(
+                "SELECT value FROM action_memory WHERE action=? AND key=?", (action, key)
+            ).fetchone()
+            return None if row is None else json.loads(row["value"])
+
+        return await self._call(read)
+
+    async def memory_update(self, action: str, key: str, change: Callable[[Any], Any]) -> Any:
+        """``change(current)`` stored as the action's value under ``key``, in one transaction on
+        the writer thread: no other update comes in between."""
+
+        def update(db: sqlite3.Connection) -> Any:
+            with transaction(db):
+                row = db.execute(
+                    "SELECT value FROM action_memory WHERE action=? AND key=?", (action, key)
+                ).fetchone()
+                value = change(None if row is None else json.loads(row["value"]))
+                db.execute(
+                    "INSERT OR REPLACE INTO action_memory (action, key, value, updated) VALUES (?,?,?,?)",
+                    (action, key, json.dumps(value), time.time()),
+                )
+            return value
+
+        return await self._call(update)
+
+    async def memory(self, action: str | None = None) -> list[dict[str, Any]]:
+        """Every action's memory (or one action's), for the history and the status."""
+        sql = "SELECT action, key, value, updated FROM action_memory"
+        params: tuple[Any, ...] = ()
+        if action is not None:
+            sql, params = sql + " WHERE action=?", (action,)
+        rows = await self._call(lambda db: _rows(db, sql + " ORDER BY action, key", params))
+        for row in rows:
+            row["value"] = json.loads(row["value"])
+        return rows
 
     async def start_run(self, run_id: int) -> None:
         # Not synced on its own: losing it to a power cut loses an attempt count, nothing else
@@ -388,6 +480,7 @@ def _commit(
     states: Mapping[str, SeriesState],
     records: Sequence[EventRecord],
     forgotten: Sequence[str] | None = None,
+    guard: Guard | None = None,
 ) -> list[int]:
     """All of the rule's states (``forgotten`` None), or these states and these deletions."""
     pending: list[int] = []
@@ -448,12 +541,23 @@ def _commit(
                 ),
             )
             event_id = cursor.lastrowid
-            for action, status, reason in record.runs:
+            for planned in record.runs:
+                if guard is not None and planned.status == "pending":
+                    planned = guard(db, e, planned)
                 run = db.execute(
-                    "INSERT INTO action_runs (event_id, action, status, reason, created) VALUES (?,?,?,?,?)",
-                    (event_id, action, status, reason, e.at),
+                    "INSERT INTO action_runs (event_id, action, status, reason, created, mode, not_before) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    (
+                        event_id,
+                        planned.action,
+                        planned.status,
+                        planned.reason,
+                        e.at,
+                        planned.mode,
+                        planned.not_before,
+                    ),
                 )
-                if status == "pending" and run.lastrowid is not None:
+                if planned.status == "pending" and run.lastrowid is not None:
                     pending.append(run.lastrowid)
     return pending
 
@@ -467,18 +571,19 @@ def _forget(db: sqlite3.Connection, keep: set[str]) -> int:
     return len(gone)
 
 
-def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None) -> list[ActionRun]:
+def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None, now: float) -> list[ActionRun]:
     sql = (
-        "SELECT r.id, r.event_id, r.action, r.status, r.attempts, e.rule, e.kind, e.labels, e.value, "
-        "e.threshold, e.severity, e.summary, e.annotations FROM action_runs r JOIN events e "
-        "ON e.id = r.event_id WHERE r.status IN ('pending', 'running')"
+        "SELECT r.id, r.event_id, r.action, r.status, r.attempts, r.mode, e.at, e.series, e.rule, e.kind, "
+        "e.labels, e.value, e.threshold, e.severity, e.summary, e.annotations FROM action_runs r "
+        "JOIN events e ON e.id = r.event_id WHERE (r.status = 'running' OR (r.status = 'pending' "
+        "AND (r.not_before IS NULL OR r.not_before <= ?)))"
     )
-    params: tuple[Any, ...] = ()
+    params: tuple[Any, ...] = (now,)
     if ids is not None:
         if not ids:
             return []
         sql += f" AND r.id IN ({','.join('?' * len(ids))})"
-        params = tuple(ids)
+        params = (now, *ids)
     sql += " ORDER BY r.id"
     return [
         ActionRun(
@@ -487,6 +592,9 @@ def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None) -> list[Actio
             action=row["action"],
             status=row["status"],
             attempts=row["attempts"],
+            mode=row["mode"],
+            at=row["at"],
+            series=row["series"],
             rule=row["rule"],
             kind=row["kind"],
             labels=json.loads(row["labels"]),
@@ -513,7 +621,7 @@ def _history(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[
         marks = ",".join("?" * len(runs))
         for run in _rows(
             db,
-            f"SELECT event_id, action, status, reason, detail, attempts, finished FROM action_runs "
+            f"SELECT event_id, action, mode, status, reason, detail, attempts, not_before, finished FROM action_runs "
             f"WHERE event_id IN ({marks}) ORDER BY id",
             tuple(runs),
         ):

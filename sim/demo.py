@@ -125,9 +125,9 @@ class DemoRun:
             t.line(text, "yellow")
         else:
             t.line(text, "green" if event.kind.value == "resolved" else "dim")
-        for action, status, reason in record.runs:
-            if status == "skipped":
-                t.detail(f"action {action}: skipped ({reason})", "dim")
+        for run in record.runs:
+            if run.status == "skipped":
+                t.detail(f"action {run.action}: skipped ({run.reason})", "dim")
         if event.kind.value in ("firing", "resolved"):
             t.detail("Slack (not configured) would post to on-call:", "cyan")
             for line in slack_preview(record, dict(event.labels)):

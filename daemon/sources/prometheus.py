@@ -24,8 +24,8 @@ from urllib3.exceptions import NameResolutionError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import Retry
 
+from common.secrets import read_secret
 from daemon.redact import REDACTED, scrub, shown
-from daemon.secrets import read_secret
 from daemon.sources.base import SourceResult
 from rules.durations import format_duration
 from rules.matchers import Matcher

@@ -340,3 +340,16 @@ async def test_the_simulator_answers_every_probe_as_the_real_server_does(
     report(
         f"{len(PROBES)} HTTP probes: the simulator answered each as vLLM {real['version']['body']['version']} did"
     )
+
+
+async def test_the_restore_canary_reads_acceptance_from_the_real_server(vllm_server: VllmServer) -> None:
+    """The feature_flag's canary, as a restore runs it: a few completions straight to the server,
+    its spec_decode counters read before and after. The tiny model drafts for itself, so at
+    temperature 0 (the canary's) nearly every draft token is accepted."""
+    from actions.feature_flag.canary import Canary, CanaryParams
+
+    result = await Canary(CanaryParams(url=vllm_server.url, min_acceptance=0.5, requests=4), None).probe()
+    assert result.ok, result.detail
+    assert result.acceptance is not None and result.acceptance > 0.9
+    assert result.drafted >= 32
+    assert "at or above 0.5" in result.detail

@@ -11,7 +11,7 @@ import pytest
 
 from daemon.cli import main
 from daemon.engine import Event, SeriesState, State
-from daemon.store import EventRecord, Store
+from daemon.store import EventRecord, PlannedRun, Store
 from tests.am_payloads import alert, message
 
 RULES = """\
@@ -112,7 +112,9 @@ async def record_two_changes(config: Path) -> None:
     )
     resolved = Event("am_low", "k", labels, State.RESOLVED, State.FIRING, 1_800_000_060.0, 0.0, 0.0)
     for event in (firing, resolved):
-        record = EventRecord(event, "warning", "s", {}, False, False, [("log", "pending", "")], event.trigger)
+        record = EventRecord(
+            event, "warning", "s", {}, False, False, [PlannedRun("log", "pending")], event.trigger
+        )
         await store.commit_evaluation("am_low", {"k": SeriesState(labels=labels)}, [record])
     await store.close()
 

@@ -141,7 +141,7 @@ def test_resolved_alerts_are_forgotten_after_the_retention() -> None:
 
 
 def test_an_alert_rules_event_says_how_many_alerts_fire_and_which() -> None:
-    from daemon.dispatcher import describe
+    from daemon.dispatch import describe
     from daemon.engine import Event, State
 
     event = Event(

@@ -191,6 +191,7 @@ def test_an_empty_config_file_means_the_defaults(capsys: pytest.CaptureFixture[s
 def test_the_config_can_come_from_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     write("cfg.yaml", "rules: [rules.yaml]\n")
     write("rules.yaml", "rules:\n  - name: a\n    signal: nope\n    condition: '< 1'\n")
     monkeypatch.setenv("SPECGUARD_CONFIG", "cfg.yaml")
@@ -778,3 +779,64 @@ def test_the_installed_console_script_exits_0_on_a_valid_config() -> None:
     done = _run(str(script), "check", "--config", "cfg.yaml")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == "OK: 1 rules in 1 file(s), 1 action(s)\n"
+
+
+def test_a_feature_flag_without_a_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    write("cfg.yaml", "actions:\n  fallback:\n    type: feature_flag\n    quiet_period: 5m\n")
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    line = assert_one_error(code, err, "cfg.yaml:2: actions.fallback: ")
+    assert "give one backend: `http` (a flag API) or `file` (a flag file)" in line
+
+
+def test_a_feature_flag_field_of_the_wrong_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    write(
+        "cfg.yaml",
+        """\
+        actions:
+          fallback:
+            type: feature_flag
+            file:
+              path: flags.json
+              engage: {speculative: false}
+              restore: {speculative: true}
+              reload: systemctl reload router
+        """,
+    )
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    line = assert_one_error(code, err, "cfg.yaml:8: actions.fallback.file.reload: ")
+    assert "give the command as a list of arguments" in line
+
+
+def test_a_feature_flag_token_that_cannot_be_read(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        "cfg.yaml",
+        """\
+        actions:
+          fallback:
+            type: feature_flag
+            http: {url: "http://127.0.0.1:9/flags/spec", token: {file: secrets/router-token}}
+        """,
+    )
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    line = assert_one_error(code, err, "cfg.yaml:2: actions.fallback: ")
+    assert "secrets/router-token: cannot read it (No such file or directory)" in line
+    # and from the credentials directory, by name
+    write("creds/router-token", "tok-123\n")
+    write(
+        "cfg.yaml",
+        """\
+        actions:
+          fallback:
+            type: feature_flag
+            http: {url: "http://127.0.0.1:9/flags/spec", token: {credential: router-token}}
+        """,
+    )
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    line = assert_one_error(code, err, "cfg.yaml:2: actions.fallback: ")
+    assert "credential 'router-token' needs $CREDENTIALS_DIRECTORY" in line
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(Path("creds").resolve()))
+    code, out, err = check(capsys, "--config", "cfg.yaml")
+    assert code == 0, err
+    assert "tok-123" not in out + err

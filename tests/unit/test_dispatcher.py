@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 
 from actions.base import Action, ActionContext, ActionParams, Outcome
-from daemon.dispatcher import Dispatcher
+from daemon.dispatch import Dispatcher
 from daemon.engine import Event, SeriesState, State
 from daemon.loading import LoadedRule
 from daemon.selfmetrics import DaemonMetrics
@@ -221,7 +221,7 @@ async def test_a_database_from_the_previous_version_is_upgraded_and_keeps_its_st
     finally:
         await store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
 
 
 V2_EVENTS = """
@@ -248,5 +248,45 @@ async def test_events_from_version_2_are_kept_and_read_as_moved_by_the_schedule(
     try:
         (old,) = await store.events()
         assert (old["rule"], old["kind"], old["trigger"]) == ("low", "firing", "schedule")
+    finally:
+        await store.close()
+
+
+V3_RUNS = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '3');
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, rule TEXT NOT NULL,
+    series TEXT NOT NULL, labels TEXT NOT NULL, kind TEXT NOT NULL, previous TEXT NOT NULL,
+    value REAL, threshold REAL, severity TEXT NOT NULL, summary TEXT NOT NULL,
+    annotations TEXT NOT NULL, shadow INTEGER NOT NULL, dry_run INTEGER NOT NULL,
+    trigger TEXT NOT NULL DEFAULT 'schedule'
+);
+INSERT INTO events VALUES (1, 10, 'low', '{}', '{}', 'firing', 'pending', 0.2, 0.5, 'warning', 's', '{}', 0, 0,
+    'schedule');
+CREATE TABLE action_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
+    action TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
+    detail TEXT NOT NULL DEFAULT '', created REAL NOT NULL, started REAL, finished REAL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO action_runs (event_id, action, status, created) VALUES (1, 'rec', 'pending', 10);
+"""
+
+
+async def test_a_run_left_pending_by_version_3_is_carried_out_after_the_upgrade(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "specguard.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(V3_RUNS)
+    store = Store(path)
+    await store.open()
+    try:
+        (run,) = await store.runs_to_do()
+        assert (run.action, run.mode, run.status) == ("rec", "run", "pending")
+        await dispatcher(store).run()
+        assert [ctx.rule for ctx in Recording.calls] == ["low"]
+        assert await store.runs_to_do() == []
     finally:
         await store.close()

@@ -1,22 +1,31 @@
 """The dispatcher: events -> action runs, through guards, recorded in the store.
 
-Only ``firing`` and ``resolved`` events reach actions. Every decision not to run is recorded with
-its reason (``shadow`` rule, global ``dry_run``). Runs are written to the store as ``pending`` in
-the same transaction as the state change, then carried out; a run interrupted by a crash is
-carried out after the restart (actions are idempotent).
+Only ``firing`` and ``resolved`` events reach actions. A firing runs each of the rule's actions; a
+resolution runs the actions that only tell (``log``, ``slack``) and *restores* the ones that change
+the world (``feature_flag``), once the rule has stayed resolved for the action's quiet period.
+Every decision not to run is recorded with its reason (the guards, ``daemon.dispatch.guards``).
+Runs are written to the store as ``pending`` in the same transaction as the state change, then
+carried out when due; a run interrupted by a crash is carried out after the restart (actions are
+idempotent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from actions import Action, ActionContext
+from daemon.dispatch import guards
+from daemon.dispatch.memory import StoreMemory
 from daemon.engine import Event, State
 from daemon.loading import LoadedRule
 from daemon.selfmetrics import DaemonMetrics
-from daemon.store import ActionRun, EventRecord, Store
+from daemon.store import ActionRun, EventRecord, Guard, PlannedRun, Store
+from rules.durations import format_duration
 from rules.templates import render
 
 log = logging.getLogger("specguard.dispatcher")
@@ -62,23 +71,39 @@ class Dispatcher:
         # Called after each run with (run, status, detail): how an embedding program (the demo)
         # shows what was done.
         self.on_run: list[Callable[[ActionRun, str, str], None]] = []
+        self._in_flight: set[int] = set()  # runs being carried out now
+        self._due = asyncio.Event()  # set when runs were recorded: the waiting may change
+
+    @property
+    def guard(self) -> Guard:
+        """The guards, for the store to apply in the transaction that records an event."""
+        return partial(guards.check, actions=self.actions)
 
     def record(self, item: LoadedRule, event: Event) -> EventRecord:
-        """Decide what to do about ``event`` (nothing runs yet)."""
+        """Decide what to do about ``event`` (nothing runs yet; the guards have the last word
+        when it is stored)."""
         summary, annotations = describe(item, event)
-        runs: list[tuple[str, str, str]] = []
+        runs: list[PlannedRun] = []
         if event.kind in ACTIONABLE:
-            for action in item.rule.actions:
+            for name in item.rule.actions:
+                action = self.actions.get(name)
+                restore = event.kind is State.RESOLVED and action is not None and action.changes_world
+                mode = "restore" if restore else "run"
+                not_before = event.at + action.restore_delay if restore and action is not None else None
                 if item.rule.shadow:
-                    runs.append((action, "skipped", "shadow rule: evaluated and recorded, never acts"))
+                    runs.append(
+                        PlannedRun(name, "skipped", "shadow rule: evaluated and recorded, never acts", mode)
+                    )
                 elif self.dry_run:
-                    runs.append((action, "skipped", "dry run"))
+                    runs.append(PlannedRun(name, "skipped", "dry run", mode))
                 else:
-                    runs.append((action, "pending", ""))
-        for action, status, reason in runs:
-            if status == "skipped":
-                log.info("%s %s: not running %s (%s): %s", item.name, event.kind, action, reason, summary)
-                self.metrics.action_runs.labels(action, status).inc()
+                    runs.append(PlannedRun(name, "pending", "", mode, not_before))
+        for run in runs:
+            if run.status == "skipped":
+                log.info(
+                    "%s %s: not running %s (%s): %s", item.name, event.kind, run.action, run.reason, summary
+                )
+                self.metrics.action_runs.labels(run.action, run.status).inc()
         return EventRecord(
             event=event,
             severity=item.rule.severity.value,
@@ -91,9 +116,29 @@ class Dispatcher:
         )
 
     async def run(self, ids: Sequence[int] | None = None) -> None:
-        """Carry out pending runs (``ids``, or every unfinished one)."""
+        """Carry out pending runs that are due (``ids``, or every unfinished one)."""
         for run in await self.store.runs_to_do(ids):
-            await self._run_one(run)
+            if run.id in self._in_flight:
+                continue  # carried out by another caller right now
+            self._in_flight.add(run.id)
+            try:
+                await self._run_one(run)
+            finally:
+                self._in_flight.discard(run.id)
+        self._due.set()  # restores may have been recorded, or put off: the waiting changes
+
+    async def serve(self) -> None:
+        """Carry out runs as they fall due (restores after their quiet period, restores tried
+        again after a failed canary); until cancelled."""
+        while True:
+            self._due.clear()  # before reading: a run recorded meanwhile wakes the wait below
+            due = await self.store.next_due()
+            wait = None if due is None else max(0.0, due - time.time())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._due.wait()
+            if due is not None and time.time() >= due:
+                await self.run()
 
     async def _run_one(self, run: ActionRun) -> None:
         if self.dry_run:
@@ -119,22 +164,44 @@ class Dispatcher:
             summary=run.summary,
             annotations=run.annotations,
             event_id=run.event_id,
+            series=run.series,
+            at=run.at,
+            memory=StoreMemory(self.store, run.action),
         )
         await self.store.start_run(run.id)
+        retry_after: float | None = None
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
             # that arrives as the action finishes, and a stop would then hang.
             async with asyncio.timeout(action.timeout):
-                outcome = await action.run(ctx)
+                outcome = await (action.restore(ctx) if run.mode == "restore" else action.run(ctx))
             status, detail = ("ok" if outcome.ok else "failed"), outcome.detail
+            retry_after = None if outcome.ok else outcome.retry_after
         except TimeoutError:
             status, detail = "failed", f"timed out after {action.timeout:g}s"
         except Exception as exc:  # an action's bug must not stop the daemon
             log.exception("action %s failed for %s", run.action, run.rule)
             status, detail = "failed", f"{type(exc).__name__}: {exc}"
+        what = "restore" if run.mode == "restore" else run.kind
+        if retry_after is not None:
+            # Not done yet (a canary saw acceptance still low): the run waits, and is tried again.
+            await self.store.retry_run(run.id, detail, time.time() + retry_after)
+            self.metrics.action_runs.labels(run.action, "retry").inc()
+            log.warning(
+                "action %s for %s %s: not yet, again in %s: %s",
+                run.action,
+                run.rule,
+                what,
+                format_duration(round(retry_after)),
+                detail,
+            )
+            self._due.set()
+            return
         await self.store.finish_run(run.id, status, detail)
         self.metrics.action_runs.labels(run.action, status).inc()
         for observer in self.on_run:
             observer(run, status, detail)
         if status != "ok":
-            log.warning("action %s for %s %s failed: %s", run.action, run.rule, run.kind, detail)
+            log.warning("action %s for %s %s failed: %s", run.action, run.rule, what, detail)
+        else:
+            log.info("action %s for %s %s: %s", run.action, run.rule, what, detail)

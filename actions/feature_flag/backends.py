@@ -1,0 +1,275 @@
+"""Where a feature flag lives: an HTTP API (a router's, a flag service's) or a file that a router
+or service reads. Each backend sets the flag to its ``engage`` or ``restore`` value and says how it
+went; the action around it decides when."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import aiohttp
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from common.paths import ConfigPath
+from common.secrets import SecretRef
+from rules.durations import Duration
+
+# A body or reason quoted in an outcome is cut to this many characters.
+QUOTE = 200
+# The most a retry waits, however many came before it.
+MAX_BACKOFF = 30.0
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class BackendError(Exception):
+    """The flag could not be set; the message says what was tried and what came back."""
+
+
+class Backend(Protocol):
+    async def set(self, value: Any, what: str) -> str:
+        """Set the flag to ``value`` (``what``: engage | restore); returns what was done. Raises
+        BackendError."""
+        ...
+
+
+# --- http -------------------------------------------------------------------------------------
+
+
+class HttpParams(BaseModel):
+    """``http:``: one request per change, e.g. ``PUT /flags/speculative`` with a JSON body."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    method: Literal["POST", "PUT", "PATCH", "DELETE"] = "PUT"
+    headers: dict[str, str] = Field(default_factory=dict)
+    engage: Any = None  # the JSON body that engages the fallback (None: no body)
+    restore: Any = None  # the JSON body that restores speculative decoding
+    expect_status: tuple[int, ...] = (200, 201, 202, 204)
+    request_timeout: Duration = Field(10.0, gt=0)
+    retries: int = Field(3, ge=0, le=10)  # after the first attempt
+    backoff: Duration = Field(1.0, gt=0)  # before the first retry; doubled for each next one
+    token: SecretRef | None = None  # sent as "Authorization: Bearer <token>"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"https?://[^/\s]+", value):
+            raise ValueError("give an http:// or https:// URL")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if name.lower() == "authorization":
+                raise ValueError("give the token with `token:` (read from a file), not as a header")
+        return value
+
+
+class HttpBackend:
+    """Retries connection failures, timeouts, 429 and 5xx with doubling waits; any other answer
+    outside ``expect_status`` is a mistake no retry will fix, and fails at once."""
+
+    def __init__(self, params: HttpParams, token: str | None) -> None:
+        self.params = params
+        self._token = token  # never logged, never put in an outcome
+
+    async def set(self, value: Any, what: str) -> str:
+        p = self.params
+        headers = dict(p.headers)
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        timeout = aiohttp.ClientTimeout(total=p.request_timeout)
+        last = ""
+        for attempt in range(p.retries + 1):
+            if attempt:
+                await asyncio.sleep(min(MAX_BACKOFF, p.backoff * 2 ** (attempt - 1)))
+            try:
+                async with (
+                    aiohttp.ClientSession(timeout=timeout) as session,
+                    session.request(p.method, p.url, json=value, headers=headers) as answer,
+                ):
+                    body = (await answer.text(errors="replace"))[:QUOTE]
+                    if answer.status in p.expect_status:
+                        return f"{p.method} {p.url}: {answer.status}" + (
+                            f" after {attempt} retries" if attempt else ""
+                        )
+                    last = f"{answer.status} {body.strip()}".strip()
+                    if answer.status not in (408, 429) and answer.status < 500:
+                        raise BackendError(f"{what}: {p.method} {p.url} answered {last}")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {exc}"[:QUOTE] if str(exc) else type(exc).__name__
+        raise BackendError(f"{what}: {p.method} {p.url} failed {p.retries + 1} times, last: {last}")
+
+
+# --- file -------------------------------------------------------------------------------------
+
+
+class FileParams(BaseModel):
+    """``file:``: the whole file written with the ``engage`` or ``restore`` mapping, atomically,
+    the previous version kept beside it (``PATH.prev``), then ``reload`` run if given."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: ConfigPath
+    format: Literal["json", "yaml", "env"] | None = None  # None: from the file's suffix
+    engage: dict[str, Any]
+    restore: dict[str, Any]
+    reload: tuple[str, ...] | None = None  # an argument list, run without a shell
+    reload_timeout: Duration = Field(30.0, gt=0)
+
+    @field_validator("reload", mode="before")
+    @classmethod
+    def _reload(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(
+                "give the command as a list of arguments, e.g. [systemctl, reload, router]; "
+                "it is run without a shell"
+            )
+        if value is not None and not value:
+            raise ValueError("an empty command: give its arguments, or leave `reload` out")
+        return value
+
+    @model_validator(mode="after")
+    def _format(self) -> FileParams:
+        kind = self.kind
+        if kind == "env":
+            for mapping in (self.engage, self.restore):
+                for key, item in mapping.items():
+                    if not _ENV_KEY.fullmatch(key):
+                        raise ValueError(f"{key!r} is not a variable name an env file can hold")
+                    if isinstance(item, dict | list):
+                        raise ValueError(f"{key}: an env file holds plain values, not lists or mappings")
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.format is not None:
+            return self.format
+        suffix = self.path.suffix.lower()
+        if suffix in (".yaml", ".yml"):
+            return "yaml"
+        if suffix == ".env":
+            return "env"
+        return "json"
+
+
+def render(kind: str, value: Mapping[str, Any]) -> str:
+    """The file's text for ``value``."""
+    if kind == "json":
+        return json.dumps(value, indent=2, sort_keys=True) + "\n"
+    if kind == "yaml":
+        return yaml.safe_dump(dict(value), sort_keys=True, default_flow_style=False)
+    lines = []
+    for key, item in value.items():
+        text = _env_text(item)
+        if text == "" or re.search(r"[\s\"'\\$`#]", text):
+            escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+            text = f'"{escaped}"'
+        lines.append(f"{key}={text}")
+    return "\n".join(lines) + "\n"
+
+
+def _env_text(item: Any) -> str:
+    if isinstance(item, bool):
+        return "true" if item else "false"
+    return "" if item is None else str(item)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a part:
+    a temporary file in the same directory, synced, renamed over, the directory synced. The file
+    that was there is kept as ``PATH.prev`` (a hard link, so it is never missing either)."""
+    directory = path.parent
+    mode = 0o644
+    with contextlib.suppress(FileNotFoundError):
+        mode = path.stat().st_mode & 0o777
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fchmod(out.fileno(), mode)
+            os.fsync(out.fileno())
+        previous = path.with_name(path.name + ".prev")
+        if path.exists():
+            with contextlib.suppress(FileNotFoundError):
+                previous.unlink()
+            os.link(path, previous)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class FileBackend:
+    def __init__(self, params: FileParams) -> None:
+        self.params = params
+
+    async def set(self, value: Any, what: str) -> str:
+        p = self.params
+        text = render(p.kind, value)
+        try:
+            current = await asyncio.to_thread(_read_or_none, p.path)
+            if current != text:
+                await asyncio.to_thread(write_atomically, p.path, text)
+                done = f"wrote {p.path}"
+            else:
+                done = f"{p.path} already says so"
+        except OSError as exc:
+            raise BackendError(f"{what}: cannot write {p.path}: {exc.strerror or exc}") from None
+        if p.reload is None:
+            return done
+        return f"{done}; {await run_command(p.reload, p.reload_timeout, what)}"
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        return None
+
+
+async def run_command(argv: Sequence[str], timeout: float, what: str) -> str:
+    """Run ``argv`` (no shell); returns a line saying so. Raises BackendError with its exit status
+    and the end of its output when it fails or outlives ``timeout``."""
+    shown = " ".join(argv)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    except OSError as exc:
+        raise BackendError(f"{what}: cannot run {shown}: {exc.strerror or exc}") from None
+    try:
+        async with asyncio.timeout(timeout):
+            output, _ = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise BackendError(f"{what}: {shown} did not finish within {timeout:g}s; killed") from None
+    if process.returncode != 0:
+        tail = output.decode("utf-8", "replace").strip()[-QUOTE:]
+        raise BackendError(
+            f"{what}: {shown} exited with {process.returncode}" + (f": {tail}" if tail else "")
+        )
+    return f"ran {shown}"

@@ -1,0 +1,158 @@
+"""The canary before a restore: once traffic has moved to standard decoding, the speculative
+server's acceptance cannot be seen from its traffic any more. A few requests sent straight to it,
+with its ``/metrics`` read before and after, measure acceptance for exactly those requests (and
+whatever else it served meanwhile)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.secrets import SecretRef
+from rules.durations import Duration
+
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
+# Prompts whose continuations a draft model usually predicts well and badly alike: a mix, so that
+# the canary sees acceptance as served traffic would rather than at its best.
+PROMPTS = (
+    "Explain in a few sentences how a hash table handles collisions.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Summarize the water cycle for a ten-year-old.",
+    "List five things to check before deploying a web service to production.",
+)
+
+
+class CanaryParams(BaseModel):
+    """``canary:`` of a ``feature_flag`` action."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str  # the speculative vLLM server itself (not the router), e.g. http://127.0.0.1:8000
+    min_acceptance: float = Field(gt=0, le=1)  # acceptance rate (accepted / draft tokens)
+    requests: int = Field(4, ge=1, le=64)
+    prompts: tuple[str, ...] = PROMPTS
+    max_tokens: int = Field(64, ge=2, le=4096)
+    model: str | None = None  # None: the first model /v1/models lists
+    min_draft_tokens: int = Field(32, ge=1)  # fewer proposals than this say nothing either way
+    timeout: Duration = Field(60.0, gt=0)  # for the whole probe
+    token: SecretRef | None = None  # vLLM's --api-key, sent as a bearer token
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("give the server's http:// or https:// base URL")
+        return value.rstrip("/")
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or not all(p.strip() for p in value):
+            raise ValueError("give at least one non-empty prompt")
+        return value
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    ok: bool
+    detail: str
+    acceptance: float | None = None
+    drafted: float = 0.0
+
+
+def spec_counts(page: str) -> tuple[float, float]:
+    """(accepted, drafted) tokens summed over the page's engines and models."""
+    accepted = drafted = 0.0
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == ACCEPTED:
+                accepted += sample.value
+            elif sample.name == DRAFTED:
+                drafted += sample.value
+    return accepted, drafted
+
+
+class Canary:
+    def __init__(self, params: CanaryParams, token: str | None) -> None:
+        self.params = params
+        self._token = token
+
+    async def probe(self) -> CanaryResult:
+        p = self.params
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            async with (
+                asyncio.timeout(p.timeout),
+                aiohttp.ClientSession(headers=headers) as session,
+            ):
+                model = p.model or await self._model(session)
+                before = spec_counts(await self._get(session, "/metrics"))
+                sent = await asyncio.gather(*(self._complete(session, model, i) for i in range(p.requests)))
+                after = spec_counts(await self._get(session, "/metrics"))
+        except TimeoutError:
+            return CanaryResult(False, f"canary: {p.url} did not answer within {p.timeout:g}s")
+        except (aiohttp.ClientError, ValueError) as exc:
+            return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:300])
+        accepted, drafted = after[0] - before[0], after[1] - before[1]
+        tokens = sum(sent)
+        if drafted < 0 or accepted < 0:
+            return CanaryResult(
+                False, "canary: the server's counters went back (it restarted): try again later"
+            )
+        if drafted < p.min_draft_tokens:
+            return CanaryResult(
+                False,
+                f"canary: only {drafted:g} draft tokens proposed for {p.requests} requests "
+                f"({tokens} tokens generated), fewer than {p.min_draft_tokens}: is speculative "
+                "decoding on at this server?",
+                drafted=drafted,
+            )
+        rate = accepted / drafted
+        ok = math.isfinite(rate) and rate >= p.min_acceptance
+        verdict = "at or above" if ok else "below"
+        return CanaryResult(
+            ok,
+            f"canary: acceptance {rate:.2f} over {drafted:g} draft tokens ({p.requests} requests), "
+            f"{verdict} {p.min_acceptance:g}",
+            rate,
+            drafted,
+        )
+
+    async def _get(self, session: aiohttp.ClientSession, path: str) -> str:
+        async with session.get(self.params.url + path) as answer:
+            if answer.status != 200:
+                raise ValueError(f"GET {path} answered {answer.status}")
+            return await answer.text()
+
+    async def _model(self, session: aiohttp.ClientSession) -> str:
+        async with session.get(self.params.url + "/v1/models") as answer:
+            if answer.status != 200:
+                raise ValueError(f"GET /v1/models answered {answer.status}")
+            body = await answer.json(content_type=None)
+        try:
+            return str(body["data"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("/v1/models lists no model: give canary.model") from None
+
+    async def _complete(self, session: aiohttp.ClientSession, model: str, index: int) -> int:
+        """One completion; returns the tokens it generated (from ``usage``)."""
+        p = self.params
+        request = {
+            "model": model,
+            "prompt": p.prompts[index % len(p.prompts)],
+            "max_tokens": p.max_tokens,
+            "temperature": 0.0,
+        }
+        async with session.post(p.url + "/v1/completions", json=request) as answer:
+            if answer.status != 200:
+                text = (await answer.text())[:200]
+                raise ValueError(f"POST /v1/completions answered {answer.status}: {text}")
+            body = await answer.json(content_type=None)
+        usage = body.get("usage") if isinstance(body, dict) else None
+        return int(usage.get("completion_tokens", 0)) if isinstance(usage, dict) else 0

@@ -1,0 +1,105 @@
+"""The restore's canary against a served OpenAI API with vLLM's spec_decode counters (the
+simulator: its acceptance is set here, which a real server's is not), and a feature_flag restore it
+gates. The real vLLM runs the same probe in tests/e2e."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from actions.base import ActionContext
+from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from actions.feature_flag.canary import Canary, CanaryParams
+from daemon.dispatch.memory import StoreMemory
+from daemon.store import Store
+from sim.options import SimOptions, SpeculativeConfig
+from sim.server import Simulator, start_simulator
+
+
+async def simulator(acceptance: list[float] | None) -> Simulator:
+    options = SimOptions(
+        port=0,
+        speculative=SpeculativeConfig("draft_model", "tiny-draft", 3) if acceptance else None,
+        acceptance_by_position=acceptance or [0.8],
+        step_time=0.002,
+        seed=7,
+    )
+    return await start_simulator(options)
+
+
+@pytest.fixture
+async def good() -> AsyncIterator[Simulator]:
+    sim = await simulator([0.95, 0.9, 0.9])
+    yield sim
+    await sim.stop()
+
+
+@pytest.fixture
+async def poor() -> AsyncIterator[Simulator]:
+    sim = await simulator([0.2, 0.2, 0.2])
+    yield sim
+    await sim.stop()
+
+
+async def test_the_canary_measures_acceptance_for_its_own_requests(good: Simulator, poor: Simulator) -> None:
+    passed = await Canary(CanaryParams(url=good.url, min_acceptance=0.6, requests=4), None).probe()
+    assert passed.ok, passed.detail
+    assert passed.acceptance is not None and passed.acceptance > 0.6 and passed.drafted >= 32
+    failed = await Canary(CanaryParams(url=poor.url, min_acceptance=0.6, requests=4), None).probe()
+    assert not failed.ok
+    assert failed.acceptance is not None and failed.acceptance < 0.6
+    assert f"acceptance {failed.acceptance:.2f} over" in failed.detail and "below 0.6" in failed.detail
+
+
+async def test_the_canary_says_when_there_is_no_speculation_to_measure(unused_tcp_port: int) -> None:
+    plain = await simulator(None)
+    try:
+        result = await Canary(CanaryParams(url=plain.url, min_acceptance=0.5), None).probe()
+    finally:
+        await plain.stop()
+    assert not result.ok and "is speculative decoding on at this server?" in result.detail
+    gone = await Canary(
+        CanaryParams(url=f"http://127.0.0.1:{unused_tcp_port}", min_acceptance=0.5), None
+    ).probe()
+    assert not gone.ok and gone.detail.startswith(
+        f"canary: http://127.0.0.1:{unused_tcp_port}: ClientConnector"
+    )
+
+
+async def test_a_restore_waits_for_the_canary(poor: Simulator, good: Simulator, tmp_path: Path) -> None:
+    store = Store(tmp_path / "specguard.db")
+    await store.open()
+    try:
+        flag = tmp_path / "flags.json"
+
+        def action(url: str) -> FeatureFlagAction:
+            raw = {
+                "type": "feature_flag",
+                "file": {
+                    "path": str(flag),
+                    "engage": {"speculative": False},
+                    "restore": {"speculative": True},
+                },
+                "canary": {"url": url, "min_acceptance": 0.6},
+                "restore_backoff": "1m",
+            }
+            return FeatureFlagAction("fallback", FeatureFlagParams.model_validate(raw))
+
+        labels = {"instance": "h"}
+        ctx = ActionContext(
+            "low", "firing", "critical", labels, 0.2, 0.5, "s", series=json.dumps(labels),
+            memory=StoreMemory(store, "fallback"),
+        )  # fmt: skip
+        assert (await action(poor.url).run(ctx)).ok
+        held = await action(poor.url).restore(ctx)
+        assert not held.ok and held.retry_after == 60.0
+        assert "below 0.6; the fallback stays engaged, next try in 1m" in held.detail
+        assert json.loads(flag.read_text()) == {"speculative": False}
+        done = await action(good.url).restore(ctx)
+        assert done.ok and "canary: acceptance" in done.detail, done.detail
+        assert json.loads(flag.read_text()) == {"speculative": True}
+    finally:
+        await store.close()

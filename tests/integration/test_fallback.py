@@ -1,0 +1,145 @@
+"""The fallback loop in a daemon, configured as an operator would: acceptance drops, the rule
+fires, the flag file is written; acceptance recovers, the rule resolves, and after the quiet
+period the flag is set back. A restart in the middle changes nothing of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from daemon.loading import load
+from daemon.runtime import Daemon
+from daemon.sources.base import SourceResult
+from rules.signals import Signal
+
+CONFIG = """\
+server: {port: 0}
+state_dir: state
+interval: 100ms
+rules: [rules.yaml]
+actions:
+  fallback:
+    type: feature_flag
+    quiet_period: 1s
+    file:
+      path: router/flags.json
+      engage: {speculative: false}
+      restore: {speculative: true}
+"""
+RULES = """\
+rules:
+  - name: acceptance_critical
+    signal: acceptance_rate
+    condition: "< 0.4"
+    window: 10s
+    severity: critical
+    actions: [fallback, log]
+"""
+
+
+class Acceptance:
+    kind = "scrape"
+
+    def __init__(self) -> None:
+        self.value = 0.8
+
+    async def refresh(self) -> None:
+        return None
+
+    async def query_signal(
+        self, signal: Signal, window: float, group_by: Sequence[str], *_: object
+    ) -> SourceResult:
+        return SourceResult.of([({"instance": "vllm-a:8000"}, self.value)])
+
+    async def query_expr(self, expr: str) -> SourceResult:
+        return SourceResult.failed("no")
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+async def started(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Daemon]]]:
+    (tmp_path / "router").mkdir()
+    (tmp_path / "specguard.yaml").write_text(CONFIG)
+    (tmp_path / "rules.yaml").write_text(RULES)
+    running: list[Daemon] = []
+
+    async def start(acceptance: float = 0.8) -> Daemon:
+        loaded = load(tmp_path / "specguard.yaml")
+        assert loaded.ok, loaded.problems
+        daemon = Daemon(loaded, tmp_path / "specguard.yaml")
+        daemon.source = Acceptance()
+        daemon.source.value = acceptance
+        await daemon.start(handle_signals=False)
+        running.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in running:
+        if daemon.scheduler is not None and daemon.scheduler.running:
+            await daemon.shutdown()
+
+
+async def until(what: str, check: Callable[[], bool], seconds: float = 20.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+def flag(tmp_path: Path) -> object:
+    path = tmp_path / "router" / "flags.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def runs(daemon: Daemon) -> list[tuple[str, str, str, str, float | None, float | None]]:
+    db = sqlite3.connect(daemon.store.path)
+    return list(
+        db.execute(
+            "SELECT r.action, r.mode, e.kind, r.status, r.started, e.at FROM action_runs r "
+            "JOIN events e ON e.id = r.event_id ORDER BY r.id"
+        )
+    )
+
+
+async def test_the_flag_is_engaged_on_firing_and_restored_after_the_quiet_period(
+    started: Callable[..., Awaitable[Daemon]], tmp_path: Path
+) -> None:
+    daemon = await started()
+    source = daemon.source
+    assert isinstance(source, Acceptance)
+    source.value = 0.2
+    await until("the flag is engaged", lambda: flag(tmp_path) == {"speculative": False})
+
+    # a restart while engaged: the flag's state is in the store, nothing is engaged twice
+    await daemon.shutdown()
+    daemon = await started(acceptance=0.2)
+    source = daemon.source
+    assert isinstance(source, Acceptance)
+    await asyncio.sleep(0.3)
+    assert [(a, m, k, s) for a, m, k, s, _, _ in runs(daemon)] == [
+        ("fallback", "run", "firing", "ok"),
+        ("log", "run", "firing", "ok"),
+    ]
+    source.value = 0.8
+    await until("the flag is restored", lambda: flag(tmp_path) == {"speculative": True})
+    rows = runs(daemon)
+    assert [(a, m, k, s) for a, m, k, s, _, _ in rows] == [
+        ("fallback", "run", "firing", "ok"),
+        ("log", "run", "firing", "ok"),
+        ("fallback", "restore", "resolved", "ok"),
+        ("log", "run", "resolved", "ok"),
+    ]
+    _, _, _, _, started_at, resolved_at = rows[2]
+    assert started_at is not None and resolved_at is not None
+    assert started_at >= resolved_at + 1.0  # the quiet period, on the recorded times
+    memory = await daemon.store.memory_read("fallback", "flag")
+    assert memory["engaged"] is False and memory["holders"] == {}
+    assert (tmp_path / "router" / "flags.json.prev").exists()

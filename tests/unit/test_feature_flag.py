@@ -1,0 +1,327 @@
+"""The feature_flag action: its two backends against real files and a real HTTP server on
+loopback, its holders kept in the real store, and its configuration's bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+from pydantic import ValidationError
+from pytest_aiohttp import AiohttpServer
+
+from actions.base import ActionContext
+from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from actions.feature_flag.backends import (
+    BackendError,
+    FileBackend,
+    FileParams,
+    HttpBackend,
+    HttpParams,
+    render,
+)
+from daemon.dispatch.memory import StoreMemory
+from daemon.store import Store
+
+TOKEN = "flag-api-token"
+
+
+def context(store: Store, action: str, instance: str = "a", rule: str = "low") -> ActionContext:
+    labels = {"instance": instance}
+    return ActionContext(
+        rule=rule,
+        event="firing",
+        severity="critical",
+        labels=labels,
+        value=0.2,
+        threshold=0.5,
+        summary="acceptance low",
+        series=json.dumps(labels),
+        memory=StoreMemory(store, action),
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = Store(tmp_path / "state" / "specguard.db")
+    await s.open()
+    yield s
+    await s.close()
+
+
+class FlagApi:
+    """A flag service on loopback: records every request; answers from a script of statuses."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str], Any, float]] = []
+        self.script: list[int] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        self.requests.append((request.method, request.path, dict(request.headers), body, time.monotonic()))
+        status = self.script.pop(0) if self.script else 200
+        return web.json_response({"ok": status < 300}, status=status)
+
+
+@pytest.fixture
+async def api(aiohttp_server: AiohttpServer) -> tuple[FlagApi, str]:
+    flags = FlagApi()
+    app = web.Application()
+    app.router.add_route("*", "/flags/{name}", flags.handle)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    return flags, f"http://127.0.0.1:{server.port}/flags/speculative"
+
+
+def http_action(url: str, tmp_path: Path, **extra: Any) -> FeatureFlagAction:
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    raw = {
+        "type": "feature_flag",
+        "http": {
+            "url": url,
+            "method": "PUT",
+            "headers": {"X-Team": "ml-platform"},
+            "engage": {"speculative": False},
+            "restore": {"speculative": True},
+            "retries": 2,
+            "backoff": "50ms",
+            "token": {"file": "token"},
+            **extra,
+        },
+        "quiet_period": "0s",
+    }
+    params = FeatureFlagParams.model_validate(raw, context={"base": tmp_path})
+    return FeatureFlagAction("fallback", params)
+
+
+async def test_http_engage_sends_the_configured_request_with_the_token(
+    api: tuple[FlagApi, str], tmp_path: Path, store: Store
+) -> None:
+    flags, url = api
+    action = http_action(url, tmp_path)
+    outcome = await action.run(context(store, "fallback"))
+    assert outcome.ok, outcome.detail
+    ((method, path, headers, body, _),) = flags.requests
+    assert (method, path, body) == ("PUT", "/flags/speculative", {"speculative": False})
+    assert headers["Authorization"] == f"Bearer {TOKEN}"
+    assert headers["X-Team"] == "ml-platform"
+    assert TOKEN not in outcome.detail
+    assert (await store.memory_read("fallback", "flag"))["engaged"] is True
+
+
+async def test_http_retries_5xx_with_doubling_waits_and_fails_at_once_on_a_4xx(
+    api: tuple[FlagApi, str], tmp_path: Path
+) -> None:
+    flags, url = api
+    backend = HttpBackend(HttpParams(url=url, retries=2, backoff=0.05), None)
+    flags.script = [503, 502, 200]
+    assert "after 2 retries" in await backend.set({"x": 1}, "engage")
+    times = [at for *_, at in flags.requests]
+    assert times[1] - times[0] >= 0.05 and times[2] - times[1] >= 0.1  # 50 ms, then 100 ms
+
+    flags.requests.clear()
+    flags.script = [400]
+    with pytest.raises(BackendError, match=r"answered 400"):
+        await backend.set({"x": 1}, "engage")
+    assert len(flags.requests) == 1  # a wrong request is not sent again
+
+    flags.requests.clear()
+    flags.script = [503, 503, 503]
+    with pytest.raises(BackendError, match=r"failed 3 times, last: 503"):
+        await backend.set({"x": 1}, "restore")
+
+
+async def test_http_connection_refused_is_retried_then_reported(unused_tcp_port: int) -> None:
+    backend = HttpBackend(
+        HttpParams(url=f"http://127.0.0.1:{unused_tcp_port}/f", retries=1, backoff=0.01), None
+    )
+    with pytest.raises(BackendError, match=r"failed 2 times, last: Client"):
+        await backend.set({}, "engage")
+
+
+def test_http_params_refuse_bad_input() -> None:
+    with pytest.raises(ValidationError, match="http:// or https://"):
+        HttpParams(url="router:8080/flags")
+    with pytest.raises(ValidationError, match="token"):
+        HttpParams(url="http://r/f", headers={"Authorization": "Bearer x"})
+    with pytest.raises(ValidationError, match="one backend"):
+        FeatureFlagParams.model_validate({"type": "feature_flag"})
+    with pytest.raises(ValidationError, match="one backend"):
+        FeatureFlagParams.model_validate(
+            {
+                "type": "feature_flag",
+                "http": {"url": "http://r/f"},
+                "file": {"path": "f.json", "engage": {}, "restore": {}},
+            }
+        )
+
+
+def test_a_token_file_that_cannot_be_read_is_a_clear_error(tmp_path: Path) -> None:
+    params = FeatureFlagParams.model_validate(
+        {"type": "feature_flag", "http": {"url": "http://r/f", "token": {"file": "missing"}}},
+        context={"base": tmp_path},
+    )
+    with pytest.raises(ValueError, match=r"actions.fallback.http.token .*missing: cannot read it"):
+        FeatureFlagAction("fallback", params)
+
+
+# --- file backend -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "check"),
+    [
+        ("flags.json", lambda text: json.loads(text) == {"speculative": False, "reason": "acceptance low"}),
+        (
+            "flags.yaml",
+            lambda text: yaml.safe_load(text) == {"speculative": False, "reason": "acceptance low"},
+        ),
+        ("flags.env", lambda text: text == 'reason="acceptance low"\nspeculative=false\n'),
+    ],
+)
+async def test_the_file_is_written_in_its_format_and_the_previous_version_kept(
+    tmp_path: Path, name: str, check: Any
+) -> None:
+    path = tmp_path / name
+    path.write_text("old\n")
+    path.chmod(0o640)
+    params = FileParams(
+        path=path,
+        engage={"reason": "acceptance low", "speculative": False},
+        restore={"reason": "", "speculative": True},
+    )
+    done = await FileBackend(params).set(params.engage, "engage")
+    assert done == f"wrote {path}"
+    assert check(path.read_text())
+    assert (tmp_path / f"{name}.prev").read_text() == "old\n"
+    assert path.stat().st_mode & 0o777 == 0o640  # the reader's permissions are kept
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    # the same value again writes nothing
+    assert await FileBackend(params).set(params.engage, "engage") == f"{path} already says so"
+
+
+def test_env_values_are_quoted_so_a_shell_reads_them_back(tmp_path: Path) -> None:
+    text = render("env", {"A": 'say "hi" $HOME', "B": "", "C": 3})
+    path = tmp_path / "x.env"
+    path.write_text(text)
+    import subprocess
+
+    out = subprocess.run(
+        ["sh", "-c", f'. {path}; printf \'%s|%s|%s\' "$A" "$B" "$C"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == 'say "hi" $HOME||3'
+
+
+async def test_the_reload_command_runs_without_a_shell_and_its_failure_is_reported(tmp_path: Path) -> None:
+    marker = tmp_path / "reloaded"
+    script = f"import pathlib, sys; pathlib.Path({str(marker)!r}).write_text(sys.argv[1])"
+    params = FileParams(
+        path=tmp_path / "flags.json",
+        engage={"speculative": False},
+        restore={"speculative": True},
+        reload=(sys.executable, "-c", script, "$HOME;echo"),
+    )
+    done = await FileBackend(params).set(params.engage, "engage")
+    assert done.endswith(f"ran {sys.executable} -c {script} $HOME;echo")
+    assert marker.read_text() == "$HOME;echo"  # no shell: taken literally
+
+    failing = params.model_copy(
+        update={"reload": (sys.executable, "-c", "print('no router here'); raise SystemExit(3)")}
+    )
+    with pytest.raises(BackendError, match=r"exited with 3: no router here"):
+        await FileBackend(failing).set(params.restore, "restore")
+    slow = params.model_copy(
+        update={"reload": (sys.executable, "-c", "import time; time.sleep(30)"), "reload_timeout": 0.2}
+    )
+    with pytest.raises(BackendError, match=r"did not finish within 0.2s; killed"):
+        await FileBackend(slow).set(params.engage, "engage")
+    missing = params.model_copy(update={"reload": ("/nonexistent/reload-router",)})
+    with pytest.raises(BackendError, match=r"cannot run /nonexistent/reload-router"):
+        await FileBackend(missing).set(params.restore, "restore")
+
+
+def test_file_params_refuse_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="list of arguments"):
+        FileParams(path=tmp_path / "f.json", engage={}, restore={}, reload="systemctl reload router")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="not a variable name"):
+        FileParams(path=tmp_path / "f.env", engage={"bad-key": 1}, restore={})
+    with pytest.raises(ValidationError, match="plain values"):
+        FileParams(path=tmp_path / "f.env", engage={"A": [1]}, restore={})
+
+
+async def test_an_unwritable_flag_file_fails_the_run_and_says_why(tmp_path: Path, store: Store) -> None:
+    if os.geteuid() == 0:
+        target = tmp_path / "no-such-dir" / "flags.json"  # root writes anywhere; a missing directory stops it
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        target = locked / "flags.json"
+    params = FeatureFlagParams.model_validate(
+        {"type": "feature_flag", "file": {"path": str(target), "engage": {"s": 0}, "restore": {"s": 1}}}
+    )
+    outcome = await FeatureFlagAction("fallback", params).run(context(store, "fallback"))
+    assert not outcome.ok
+    assert f"engage: cannot write {target}" in outcome.detail
+    assert (await store.memory_read("fallback", "flag"))["engaged"] is False
+
+
+# --- holders ----------------------------------------------------------------------------------
+
+
+async def test_several_series_hold_the_flag_and_the_last_to_let_go_restores_it(
+    tmp_path: Path, store: Store
+) -> None:
+    path = tmp_path / "flags.json"
+    params = FeatureFlagParams.model_validate(
+        {
+            "type": "feature_flag",
+            "file": {"path": str(path), "engage": {"spec": False}, "restore": {"spec": True}},
+        }
+    )
+    action = FeatureFlagAction("fallback", params)
+    a, b = context(store, "fallback", "a"), context(store, "fallback", "b", rule="latency")
+    assert (await action.run(a)).detail.startswith("fallback engaged: wrote")
+    assert json.loads(path.read_text()) == {"spec": False}
+    again = await action.run(b)
+    assert again.ok and "already engaged" in again.detail and "held by 2" in again.detail
+    assert (await action.run(a)).ok  # a repeated run (after a crash) holds once
+
+    first = await action.restore(a)
+    assert first.ok and 'still held by latency{instance="b"}' in first.detail
+    assert json.loads(path.read_text()) == {"spec": False}
+    last = await action.restore(b)
+    assert last.ok and last.detail.startswith("speculative decoding restored after")
+    assert json.loads(path.read_text()) == {"spec": True}
+    assert (await action.restore(b)).detail == "not engaged: nothing to restore"
+
+
+async def test_a_failed_restore_keeps_the_fallback_and_asks_to_be_tried_again_later(
+    api: tuple[FlagApi, str], tmp_path: Path, store: Store
+) -> None:
+    flags, url = api
+    action = http_action(url, tmp_path, retries=0)
+    ctx = context(store, "fallback")
+    assert (await action.run(ctx)).ok
+    flags.script = [500, 500]
+    first = await action.restore(ctx)
+    assert not first.ok and first.retry_after == 300.0 and "the fallback stays engaged" in first.detail
+    second = await action.restore(ctx)
+    assert second.retry_after == 600.0  # doubled
+    assert (await store.memory_read("fallback", "flag"))["engaged"] is True
+    flags.script = []
+    assert (await action.restore(ctx)).ok
+    assert [body for _, _, _, body, _ in flags.requests] == [
+        {"speculative": False},
+        {"speculative": True},
+        {"speculative": True},
+        {"speculative": True},
+    ]

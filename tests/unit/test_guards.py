@@ -1,0 +1,242 @@
+"""The guards between the dispatcher and the actions (dedup, cooldown, budget, resolutions of
+what was not acted on), and the restore path of world-changing actions, with the real store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from actions.base import Action, ActionContext, ActionParams, Outcome
+from daemon.dispatch import Dispatcher
+from daemon.engine import Event, SeriesState, State
+from daemon.loading import LoadedRule
+from daemon.selfmetrics import DaemonMetrics
+from daemon.store import Store
+from rules.schema import Rule
+
+SERIES = '{"instance":"h:8000"}'
+
+
+class Tell(Action):
+    """Only tells (a notice): runs on firing and on resolved."""
+
+    type = "tell"
+    calls: ClassVar[list[tuple[str, str, float]]] = []
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        Tell.calls.append((ctx.event, ctx.series, time.time()))
+        return Outcome(True, "told")
+
+
+class Switch(Action):
+    """Changes the world: engaged on firing, restored after ``restore_delay``."""
+
+    type = "switch"
+    calls: ClassVar[list[tuple[str, str, float]]] = []
+    refuse: ClassVar[int] = 0  # restores to refuse (a canary that sees acceptance still low)
+    changes_world = True
+    delay: ClassVar[float] = 0.3
+
+    @property
+    def restore_delay(self) -> float:
+        return self.delay
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        Switch.calls.append(("engage", ctx.series, time.time()))
+        return Outcome(True, "engaged")
+
+    async def restore(self, ctx: ActionContext) -> Outcome:
+        Switch.calls.append(("restore", ctx.series, time.time()))
+        if Switch.refuse:
+            Switch.refuse -= 1
+            return Outcome(False, "canary: acceptance 0.31, below 0.6", retry_after=0.2)
+        return Outcome(True, "restored")
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    Tell.calls = []
+    Switch.calls = []
+    Switch.refuse = 0
+    Switch.delay = 0.3
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = Store(tmp_path / "state" / "specguard.db")
+    await s.open()
+    yield s
+    await s.close()
+
+
+def dispatcher(store: Store, **params: Any) -> Dispatcher:
+    actions: dict[str, Action] = {
+        "tell": Tell("tell", ActionParams.model_validate({"type": "tell", **params})),
+        "switch": Switch("switch", ActionParams.model_validate({"type": "switch", **params})),
+    }
+    return Dispatcher(store, actions, False, DaemonMetrics())
+
+
+def rule(actions: tuple[str, ...] = ("tell",)) -> LoadedRule:
+    raw = {"name": "low", "signal": "acceptance_rate", "condition": "< 0.5", "actions": list(actions)}
+    return LoadedRule(Rule.model_validate(raw), "rules.yaml", 2)
+
+
+def event(kind: State, at: float, series: str = SERIES) -> Event:
+    labels = json.loads(series)
+    previous = State.PENDING if kind is State.FIRING else State.FIRING
+    return Event("low", series, labels, kind, previous, at, 0.3, 0.5)
+
+
+async def commit(store: Store, d: Dispatcher, item: LoadedRule, *events: Event) -> list[int]:
+    states = {e.series: SeriesState(labels=e.labels, state=e.kind, since=e.at) for e in events}
+    records = [d.record(item, e) for e in events]
+    pending = await store.commit_evaluation(item.name, states, records, d.guard)
+    await d.run(pending)
+    return pending
+
+
+async def runs(store: Store) -> list[tuple[str, str, str]]:
+    rows = sorted(await store.action_runs(), key=lambda r: r["id"])
+    return [(r["action"], r["status"], r["reason"]) for r in rows]
+
+
+async def test_a_firing_already_acted_on_is_not_acted_on_again(store: Store) -> None:
+    d = dispatcher(store)
+    now = time.time()
+    await commit(store, d, rule(), event(State.FIRING, now))
+    await commit(store, d, rule(), event(State.FIRING, now + 1))  # the series fired again, unresolved
+    assert [kind for kind, _, _ in Tell.calls] == ["firing"]
+    (first, second) = await runs(store)
+    assert first == ("tell", "ok", "")
+    assert second[1] == "skipped" and second[2].startswith(
+        "dedup: this series' firing was acted on already (run 1)"
+    )
+    # once resolved, a new firing is acted on
+    await commit(store, d, rule(), event(State.RESOLVED, now + 2))
+    await commit(store, d, rule(), event(State.FIRING, now + 3))
+    assert [kind for kind, _, _ in Tell.calls] == ["firing", "resolved", "firing"]
+
+
+async def test_cooldown_holds_back_a_flapping_series(store: Store) -> None:
+    d = dispatcher(store, cooldown="10m")
+    now = time.time()
+    await commit(store, d, rule(), event(State.FIRING, now))
+    await commit(store, d, rule(), event(State.RESOLVED, now + 60))
+    await commit(store, d, rule(), event(State.FIRING, now + 120))
+    await commit(store, d, rule(), event(State.RESOLVED, now + 180))  # its firing was held back
+    await commit(store, d, rule(), event(State.FIRING, now + 601))  # the cooldown is over
+    assert [kind for kind, _, _ in Tell.calls] == ["firing", "resolved", "firing"]
+    reasons = [reason for _, status, reason in await runs(store) if status == "skipped"]
+    assert reasons == [
+        "cooldown: acted on this series' firing 2m ago; the cooldown is 10m",
+        "the firing was not acted on: nothing to tell",
+    ]
+
+
+async def test_a_budget_counts_every_rule_and_series_and_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "specguard.db"
+    store = Store(path)
+    await store.open()
+    d = dispatcher(store, budget={"runs": 2, "per": "1h"})
+    now = time.time()
+    series = [f'{{"instance":"h{i}"}}' for i in range(3)]
+    # three series fire in one evaluation: the third is over the budget, in the same transaction
+    await commit(store, d, rule(), *(event(State.FIRING, now, s) for s in series))
+    assert len(Tell.calls) == 2
+    await store.close()
+
+    store = Store(path)  # a restart: the budget is read from the store, not from memory
+    await store.open()
+    try:
+        d = dispatcher(store, budget={"runs": 2, "per": "1h"})
+        await commit(store, d, rule(), event(State.FIRING, now + 10, '{"instance":"h9"}'))
+        assert len(Tell.calls) == 2
+        skipped = [reason for _, status, reason in await runs(store) if status == "skipped"]
+        assert skipped == ["budget: tell ran 2 times in the last 1h; its budget is 2 per 1h"] * 2
+        # an hour later the window has moved on
+        await commit(store, d, rule(), event(State.FIRING, now + 3601, '{"instance":"h8"}'))
+        assert len(Tell.calls) == 3
+    finally:
+        await store.close()
+
+
+async def test_a_world_changing_action_is_restored_after_its_quiet_period(store: Store) -> None:
+    d = dispatcher(store)
+    serving = asyncio.create_task(d.serve())
+    try:
+        now = time.time()
+        await commit(store, d, rule(("switch", "tell")), event(State.FIRING, now))
+        resolved_at = time.time()
+        await commit(store, d, rule(("switch", "tell")), event(State.RESOLVED, resolved_at))
+        # the notice goes at once; the restore waits for the quiet period
+        assert [kind for kind, _, _ in Tell.calls] == ["firing", "resolved"]
+        assert [kind for kind, _, _ in Switch.calls] == ["engage"]
+        for _ in range(400):
+            if len(Switch.calls) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [kind for kind, _, _ in Switch.calls] == ["engage", "restore"]
+        assert Switch.calls[1][2] >= resolved_at + Switch.delay  # recorded time, not a sleep's luck
+        rows = sorted(await store.action_runs(), key=lambda r: r["id"])
+        restore = next(r for r in rows if r["mode"] == "restore")
+        assert (restore["status"], restore["detail"]) == ("ok", "restored")
+        assert restore["not_before"] == pytest.approx(resolved_at + Switch.delay)
+    finally:
+        serving.cancel()
+
+
+async def test_firing_again_in_the_quiet_period_calls_the_restore_off(store: Store) -> None:
+    Switch.delay = 3600.0
+    d = dispatcher(store)
+    now = time.time()
+    await commit(store, d, rule(("switch",)), event(State.FIRING, now))
+    await commit(store, d, rule(("switch",)), event(State.RESOLVED, now + 60))
+    await commit(store, d, rule(("switch",)), event(State.FIRING, now + 120))
+    assert [kind for kind, _, _ in Switch.calls] == ["engage"]  # still engaged: nothing to do
+    assert await runs(store) == [
+        ("switch", "ok", ""),
+        ("switch", "skipped", "fired again during the quiet period: the series still holds it"),
+        ("switch", "skipped", "dedup: this series' firing was acted on already (run 1) and has not resolved"),
+    ]
+    assert await store.next_due() is None
+
+
+async def test_a_refused_restore_is_tried_again_later_and_survives_a_restart(tmp_path: Path) -> None:
+    Switch.delay = 0.0
+    Switch.refuse = 1
+    path = tmp_path / "specguard.db"
+    store = Store(path)
+    await store.open()
+    d = dispatcher(store)
+    now = time.time()
+    await commit(store, d, rule(("switch",)), event(State.FIRING, now - 10))
+    await commit(store, d, rule(("switch",)), event(State.RESOLVED, now - 5))  # no quiet period: due
+    refused_at = Switch.calls[-1][2]
+    rows = sorted(await store.action_runs(), key=lambda r: r["id"])
+    assert (rows[1]["status"], rows[1]["detail"]) == ("pending", "canary: acceptance 0.31, below 0.6")
+    assert rows[1]["not_before"] >= refused_at + 0.2
+    await store.close()
+
+    store = Store(path)  # the daemon restarts while the restore waits
+    await store.open()
+    try:
+        d = dispatcher(store)
+        serving = asyncio.create_task(d.serve())
+        for _ in range(400):
+            if len(Switch.calls) == 3:
+                break
+            await asyncio.sleep(0.01)
+        serving.cancel()
+        assert [kind for kind, _, _ in Switch.calls] == ["engage", "restore", "restore"]
+        assert Switch.calls[2][2] >= refused_at + 0.2
+        rows = sorted(await store.action_runs(), key=lambda r: r["id"])
+        assert (rows[1]["status"], rows[1]["attempts"]) == ("ok", 2)
+    finally:
+        await store.close()
