@@ -3,6 +3,7 @@ the YAML itself. The daemon's config and the actions both read them, so they liv
 
 from __future__ import annotations
 
+import hmac
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,3 +77,12 @@ class SecretRef(BaseModel):
         if value is None:
             raise ValueError(f"{what}: environment variable {self.env} is not set")
         return _checked(value.strip(), f"{what} in ${self.env}")
+
+
+def bearer_matches(header: str, secret: str) -> bool:
+    """Whether an ``Authorization`` header carries ``secret`` as a bearer token. The scheme is
+    case-insensitive (RFC 9110); the token is compared in constant time."""
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), secret.encode()
+    )

@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--limit", type=int, default=50, metavar="N", help="how many changes (default 50)")
     history.add_argument("--format", choices=["table", "json"], default="table", help="default table")
 
+    _add_silence(sub)
+
     demo = sub.add_parser(
         "demo",
         help="see specguard work end to end against a simulated vLLM (about a minute)",
@@ -193,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_signals(args)
         if args.command == "history":
             return cmd_history(args)
+        if args.command == "silence":
+            return cmd_silence(args)
         if args.command == "export":
             return cmd_export(args)
         if args.command == "demo":
@@ -409,6 +413,13 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+def _print_columns(table: Sequence[Sequence[str]]) -> None:
+    """Rows of cells in aligned columns, the first row the header."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
     header = ("RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE", "TRIGGER")
     table = [header]
@@ -426,9 +437,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
                 row["trigger"].split(":", 1)[0],
             )
         )
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    for r in table:
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip())
+    _print_columns(table)
     for row in rows:
         if row.get("error"):
             print(f"{row['rule']}: {row['error']}", file=sys.stderr)
@@ -443,23 +452,33 @@ def _run_cell(run: dict[str, Any]) -> str:
     return cell
 
 
-def cmd_history(args: argparse.Namespace) -> int:
+def _state_database(args: argparse.Namespace, command: str) -> Path | None:
+    """The state database of the config's state_dir (or --state-dir); None, said, when there is
+    none or the config is wrong."""
     from daemon.loading import load
     from daemon.runtime import STORE_FILE
-    from daemon.store import Store, StoreError
 
     overrides = {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
     loaded = load(args.config, (), overrides)
     if not loaded.ok:
         _print_problems(loaded)
-        return 1
+        return None
     path = loaded.config.resolved_state_dir() / STORE_FILE
     if not path.is_file():
         print(
-            f"specguard history: no state database at {path}: the daemon has not run with this "
+            f"specguard {command}: no state database at {path}: the daemon has not run with this "
             "state_dir (give --config or --state-dir)",
             file=sys.stderr,
         )
+        return None
+    return path
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from daemon.store import Store, StoreError
+
+    path = _state_database(args, "history")
+    if path is None:
         return 1
 
     async def read() -> list[dict[str, Any]]:
@@ -485,9 +504,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         runs = ", ".join(_run_cell(run) for run in event["runs"]) or "-"
         change = f"{event['previous']} -> {event['kind']}"
         table.append((moment, event["rule"], labels, change, event["trigger"], runs))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    _print_columns(table)
     return 0
 
 
@@ -672,3 +689,132 @@ def _export_receiver(loaded: Any, args: argparse.Namespace) -> int:
         print(f"specguard export: warning: {warning}", file=sys.stderr)
     sys.stdout.write(result.text)
     return 0
+
+
+def _add_silence(sub: Any) -> None:
+    silence = sub.add_parser(
+        "silence",
+        help="hold a rule's actions back for a while: add, list, expire",
+        description="A silence holds back the actions of a rule's firings (those whose labels "
+        "match) until it ends: each held-back run is recorded with the silence's id and reason. "
+        "Silences live in the state database of the config's state_dir (or --state-dir), which "
+        "the running daemon reads at each firing; the HTTP API (/api/silences) manages the same.",
+    )
+    verbs = silence.add_subparsers(dest="verb", metavar="VERB", required=True)
+    add = verbs.add_parser("add", help="add a silence", description="Add a silence, starting now.")
+    add.add_argument("--rule", required=True, help="the rule's name, or a glob (acceptance_*)")
+    add.add_argument(
+        "--match",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="only series whose labels match (=, !=, =~, !~); repeat for several",
+    )
+    add.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="how long, e.g. 2h")
+    add.add_argument("--reason", required=True, help="why, for whoever is on call next")
+    add.add_argument("--author", help="who (default: $SUDO_USER or $USER)")
+    listing = verbs.add_parser("list", help="the silences in force and to come")
+    listing.add_argument("--all", action="store_true", help="ended and expired ones too")
+    listing.add_argument("--format", choices=["table", "json"], default="table", help="default table")
+    ending = verbs.add_parser("expire", help="end a silence now")
+    ending.add_argument("id", type=int, help="the silence's id (see `silence list`)")
+    for verb in (add, listing, ending):
+        _add_config(verb)
+        verb.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
+
+
+def cmd_silence(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from daemon.dispatch import silences
+    from daemon.store import Store, StoreError
+    from rules.durations import parse_duration
+
+    now = time.time()
+    if args.verb == "add":
+        try:
+            match = silences.parse_match(args.match)
+            ends = now + parse_duration(args.duration)
+            silences.check(args.rule, match, now, ends, args.reason)
+        except ValueError as exc:
+            print(f"specguard silence add: {exc}", file=sys.stderr)
+            return 2
+    path = _state_database(args, "silence")
+    if path is None:
+        return 1
+
+    async def act() -> Any:
+        store = Store(path)
+        try:
+            await store.open()
+            if args.verb == "add":
+                author = args.author or os.environ.get("SUDO_USER") or os.environ.get("USER") or "?"
+                return await store.call(
+                    partial(silences.add, rule=args.rule, match=match, starts=now, ends=ends,
+                            reason=args.reason, author=author, now=now)
+                )  # fmt: skip
+            if args.verb == "expire":
+                return await store.call(partial(silences.expire, silence_id=args.id, now=now))
+            return await store.call(partial(silences.listed, now=now, everything=args.all))
+        finally:
+            await store.close()
+
+    try:
+        result = asyncio.run(act())
+    except StoreError as exc:
+        print(f"specguard silence: {exc}", file=sys.stderr)
+        return 1
+    if args.verb == "add":
+        print(f"silence {result.id}: {_silence_line(result)}")
+        return 0
+    if args.verb == "expire":
+        if result is None:
+            print(f"specguard silence expire: no silence {args.id}", file=sys.stderr)
+            return 1
+        print(f"silence {result.id} ended: {_silence_line(result)}")
+        return 0
+    if args.format == "json":
+        print(json.dumps([item.shown() for item in result], indent=2))
+        return 0
+    table = [("ID", "RULE", "MATCH", "ENDS (UTC)", "STATE", "AUTHOR", "REASON")]
+    for item in result:
+        table.append(
+            (
+                str(item.id),
+                item.rule,
+                _match_text(item.match),
+                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item.ends)),
+                _silence_state(item, now),
+                item.author,
+                item.reason,
+            )
+        )
+    _print_columns(table)
+    return 0
+
+
+def _match_text(match: dict[str, Any]) -> str:
+    parts = []
+    for label, spec in match.items():
+        if isinstance(spec, dict):
+            ((op, value),) = spec.items()
+            parts.append(f"{label}{op}{value}")
+        else:
+            parts.append(f"{label}={spec}")
+    return ",".join(parts) or "-"
+
+
+def _silence_state(item: Any, now: float) -> str:
+    if item.expired is not None:
+        return "expired"
+    if item.ends <= now:
+        return "ended"
+    return "active" if item.starts <= now else "pending"
+
+
+def _silence_line(item: Any) -> str:
+    end = item.ends if item.expired is None else item.expired
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(end))
+    when = f"until {stamp}" if item.expired is None else f"at {stamp}"
+    where = _match_text(item.match)
+    return f"rule {item.rule}" + (f" where {where}" if where != "-" else "") + f", {when} ({item.reason})"

@@ -1,4 +1,5 @@
-"""The daemon's HTTP server: /healthz, /metrics (its own), /api/status.
+"""The daemon's HTTP server: /healthz, /metrics (its own), /api/status, and the routes the runtime
+hands it (the Alertmanager webhook, /api/silences).
 
 It shows whatever implements :class:`Observed` (the running daemon) and knows nothing else of it,
 so the runtime depends on the server and not the other way round.
@@ -6,7 +7,7 @@ so the runtime depends on the server and not the other way round.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,7 +55,9 @@ class Webhook:
     max_body: int
 
 
-def build_app(observed: Observed, webhook: Webhook | None = None) -> web.Application:
+def build_app(
+    observed: Observed, webhook: Webhook | None = None, routes: Sequence[web.RouteDef] = ()
+) -> web.Application:
     # aiohttp answers 413 itself past client_max_size; the webhook's handler says more first
     # when the request declares its length.
     app = web.Application(client_max_size=webhook.max_body if webhook else 1024**2)
@@ -64,6 +67,7 @@ def build_app(observed: Observed, webhook: Webhook | None = None) -> web.Applica
     app.router.add_get("/metrics", make_aiohttp_handler(observed.registry))
     if webhook is not None:
         app.router.add_post(webhook.path, webhook.handler)
+    app.router.add_routes(routes)
     return app
 
 
@@ -81,10 +85,11 @@ async def start_server(
     port: int,
     max_connections: int = MAX_CONNECTIONS,
     webhook: Webhook | None = None,
+    routes: Sequence[web.RouteDef] = (),
 ) -> tuple[web.AppRunner, int]:
     """Start listening; returns the runner (for cleanup) and the bound port."""
     runner = web.AppRunner(
-        build_app(observed, webhook),
+        build_app(observed, webhook, routes),
         handle_signals=False,
         access_log=None,
         shutdown_timeout=5.0,

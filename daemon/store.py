@@ -67,6 +67,12 @@ CREATE TABLE IF NOT EXISTS action_runs (
 );
 CREATE INDEX IF NOT EXISTS action_runs_status ON action_runs (status);
 CREATE INDEX IF NOT EXISTS action_runs_action_created ON action_runs (action, created);
+-- Silences: a rule's firings (those whose labels match) run no action until the silence ends.
+CREATE TABLE IF NOT EXISTS silences (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, rule TEXT NOT NULL, match TEXT NOT NULL,
+    starts REAL NOT NULL, ends REAL NOT NULL, reason TEXT NOT NULL, author TEXT NOT NULL,
+    created REAL NOT NULL, expired REAL
+);
 -- What each action remembers between runs and restarts (a flag's holders, a Slack thread): JSON.
 CREATE TABLE IF NOT EXISTS action_memory (
     action TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, updated REAL NOT NULL,

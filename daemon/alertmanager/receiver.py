@@ -13,7 +13,6 @@ Nothing a client sends produces a 500 or a traceback.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from typing import Protocol
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from common.secrets import bearer_matches
 from daemon.alertmanager.inbox import Stored
 from daemon.alertmanager.payload import BadPayload, Message, parse
 from daemon.selfmetrics import DaemonMetrics
@@ -68,12 +68,7 @@ def make_handler(
         secret = token()
         if secret is not None:
             header = request.headers.get("Authorization", "")
-            scheme, _, given = header.partition(" ")
-            # The scheme is case-insensitive (RFC 9110); the token is compared in constant time.
-            right = scheme.lower() == "bearer" and hmac.compare_digest(
-                given.encode("utf-8", "surrogateescape"), secret.encode()
-            )
-            if not right:
+            if not bearer_matches(header, secret):
                 why = "missing bearer token" if not header else "wrong bearer token"
                 return _reject(401, "unauthorized", why, metrics, peer, **{"WWW-Authenticate": "Bearer"})
         if request.content_type != "application/json":

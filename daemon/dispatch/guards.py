@@ -8,6 +8,7 @@ In order:
    cannot both slip under a budget:
 
    - a firing:
+     - silences (``specguard silence``): a silence that takes the rule and the series' labels;
      - dedup: a series whose last firing was acted on, and not yet its resolution, is not acted on
        again (a world-changing action's restore still waiting out its quiet period is called off
        first: the series is still held);
@@ -21,11 +22,13 @@ In order:
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
 from actions import Action
+from daemon.dispatch import silences
 from daemon.engine import Event, State
 from daemon.store import PlannedRun
 from rules.durations import format_duration
@@ -91,6 +94,12 @@ def check(
         return replace(planned, status="skipped", reason=reason)
 
     if event.kind is State.FIRING:
+        silence = silences.silencing(db, event.rule, event.labels, event.at)
+        if silence is not None:
+            until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(silence.ends))
+            return hold(
+                f"silenced: by silence {silence.id} until {until} ({silence.author}: {silence.reason})"
+            )
         if action.changes_world:
             _call_off_restores(db, event, planned.action)
         last = _last_acted(db, event, planned.action)
