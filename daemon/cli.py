@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(history)
     history.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
     history.add_argument("--rule", metavar="NAME", help="only this rule")
+    history.add_argument("--since", metavar="DURATION", help="only changes this recent, e.g. 24h")
     history.add_argument("--limit", type=int, default=50, metavar="N", help="how many changes (default 50)")
     history.add_argument("--format", choices=["table", "json"], default="table", help="default table")
 
@@ -477,6 +478,15 @@ def _state_database(args: argparse.Namespace, command: str) -> Path | None:
 def cmd_history(args: argparse.Namespace) -> int:
     from daemon.store import Store, StoreError
 
+    since = None
+    if args.since is not None:
+        from rules.durations import parse_duration
+
+        try:
+            since = time.time() - parse_duration(args.since)
+        except ValueError as exc:
+            print(f"specguard history: --since: {exc}", file=sys.stderr)
+            return 2
     path = _state_database(args, "history")
     if path is None:
         return 1
@@ -485,7 +495,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         store = Store(path)
         try:
             await store.open()
-            return await store.history(args.rule, max(1, args.limit))
+            return await store.history(args.rule, max(1, args.limit), since)
         finally:
             await store.close()
 

@@ -427,7 +427,7 @@ class Daemon:
                     "trigger": event.trigger,
                 },
             )
-        if pending:
+        if records:  # runs to carry out, and runs the guards held back to log
             await self.dispatcher.run(pending)
 
     # --- Alertmanager ----------------------------------------------------------------------------

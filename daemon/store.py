@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -362,13 +363,17 @@ class Store:
             synced=False,
         )
 
-    async def events(self, rule: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        return await self._call(lambda db: _events(db, rule, limit))
+    async def events(
+        self, rule: str | None = None, limit: int = 100, since: float | None = None
+    ) -> list[dict[str, Any]]:
+        return await self._call(lambda db: _events(db, rule, limit, since))
 
-    async def history(self, rule: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        """The latest events, newest first, each with its action runs (``runs``: action, status,
-        reason, detail) and the trigger that moved the rule."""
-        return await self._call(lambda db: _history(db, rule, limit))
+    async def history(
+        self, rule: str | None = None, limit: int = 50, since: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The latest events (at or after ``since``), newest first, each with its action runs
+        (``runs``: action, mode, status, reason, detail) and the trigger that moved the rule."""
+        return await self._call(lambda db: _history(db, rule, limit, since))
 
     async def action_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         return await self._call(
@@ -614,14 +619,22 @@ def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None, now: float) -
     ]
 
 
-def _events(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[str, Any]]:
-    if rule is None:
-        return _rows(db, "SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
-    return _rows(db, "SELECT * FROM events WHERE rule=? ORDER BY id DESC LIMIT ?", (rule, limit))
+def _events(
+    db: sqlite3.Connection, rule: str | None, limit: int, since: float | None = None
+) -> list[dict[str, Any]]:
+    where: list[str] = ["at >= ?"]
+    params: list[Any] = [-math.inf if since is None else since]
+    if rule is not None:
+        where.append("rule = ?")
+        params.append(rule)
+    sql = f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
+    return _rows(db, sql, (*params, limit))
 
 
-def _history(db: sqlite3.Connection, rule: str | None, limit: int) -> list[dict[str, Any]]:
-    events = _events(db, rule, limit)
+def _history(
+    db: sqlite3.Connection, rule: str | None, limit: int, since: float | None
+) -> list[dict[str, Any]]:
+    events = _events(db, rule, limit, since)
     runs: dict[int, list[dict[str, Any]]] = {event["id"]: [] for event in events}
     if runs:  # every run of these events in one query, not one per event
         marks = ",".join("?" * len(runs))

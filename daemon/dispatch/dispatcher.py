@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import Any
 
 from actions import Action, ActionContext
 from daemon.dispatch import guards
@@ -73,11 +74,28 @@ class Dispatcher:
         self.on_run: list[Callable[[ActionRun, str, str], None]] = []
         self._in_flight: set[int] = set()  # runs being carried out now
         self._due = asyncio.Event()  # set when runs were recorded: the waiting may change
+        # Runs the guards held back, on the store's writer thread, to be logged and counted on
+        # the event loop by the next run() (called once the events are stored).
+        self._held: list[tuple[Event, PlannedRun]] = []
 
     @property
     def guard(self) -> Guard:
         """The guards, for the store to apply in the transaction that records an event."""
-        return partial(guards.check, actions=self.actions)
+        check = partial(guards.check, actions=self.actions)
+
+        def guard(db: Any, event: Event, planned: PlannedRun) -> PlannedRun:
+            decided = check(db, event, planned)
+            if decided.status == "skipped":
+                self._held.append((event, decided))  # list.append: one step under the GIL
+            return decided
+
+        return guard
+
+    def _report_held(self) -> None:
+        held, self._held = self._held, []
+        for event, run in held:
+            log.info("%s %s: not running %s (%s)", event.rule, event.kind.value, run.action, run.reason)
+            self.metrics.action_runs.labels(run.action, "skipped").inc()
 
     def record(self, item: LoadedRule, event: Event) -> EventRecord:
         """Decide what to do about ``event`` (nothing runs yet; the guards have the last word
@@ -117,6 +135,7 @@ class Dispatcher:
 
     async def run(self, ids: Sequence[int] | None = None) -> None:
         """Carry out pending runs that are due (``ids``, or every unfinished one)."""
+        self._report_held()
         for run in await self.store.runs_to_do(ids):
             if run.id in self._in_flight:
                 continue  # carried out by another caller right now

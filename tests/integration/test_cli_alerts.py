@@ -136,6 +136,19 @@ def test_history_lists_changes_newest_first_with_trigger_and_runs(
     assert (only["kind"], only["trigger"], only["runs"][0]["action"]) == ("resolved", "schedule", "log")
 
 
+def test_history_since_keeps_the_recent_changes(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(record_two_changes(config))
+    monkeypatch.setattr("daemon.cli.time.time", lambda: 1_800_000_070.0)  # 10 s after the resolution
+    assert main(["history", "--config", str(config), "--since", "30s", "--format", "json"]) == 0
+    assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["resolved"]
+    assert main(["history", "--config", str(config), "--since", "2m", "--format", "json"]) == 0
+    assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["resolved", "firing"]
+    assert main(["history", "--config", str(config), "--since", "yesterday"]) == 2
+    assert "specguard history: --since: invalid duration 'yesterday'" in capsys.readouterr().err
+
+
 def test_history_without_a_database_says_where_it_looked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

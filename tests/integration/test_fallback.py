@@ -7,15 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from daemon.loading import load
 from daemon.runtime import Daemon
-from daemon.sources.base import SourceResult
-from rules.signals import Signal
+from tests.readings import Readings
 
 CONFIG = """\
 server: {port: 0}
@@ -42,27 +41,6 @@ rules:
 """
 
 
-class Acceptance:
-    kind = "scrape"
-
-    def __init__(self) -> None:
-        self.value = 0.8
-
-    async def refresh(self) -> None:
-        return None
-
-    async def query_signal(
-        self, signal: Signal, window: float, group_by: Sequence[str], *_: object
-    ) -> SourceResult:
-        return SourceResult.of([({"instance": "vllm-a:8000"}, self.value)])
-
-    async def query_expr(self, expr: str) -> SourceResult:
-        return SourceResult.failed("no")
-
-    async def close(self) -> None:
-        return None
-
-
 @pytest.fixture
 async def started(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Daemon]]]:
     (tmp_path / "router").mkdir()
@@ -74,7 +52,7 @@ async def started(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Daemo
         loaded = load(tmp_path / "specguard.yaml")
         assert loaded.ok, loaded.problems
         daemon = Daemon(loaded, tmp_path / "specguard.yaml")
-        daemon.source = Acceptance()
+        daemon.source = Readings()
         daemon.source.value = acceptance
         await daemon.start(handle_signals=False)
         running.append(daemon)
@@ -114,7 +92,7 @@ async def test_the_flag_is_engaged_on_firing_and_restored_after_the_quiet_period
 ) -> None:
     daemon = await started()
     source = daemon.source
-    assert isinstance(source, Acceptance)
+    assert isinstance(source, Readings)
     source.value = 0.2
     await until("the flag is engaged", lambda: flag(tmp_path) == {"speculative": False})
 
@@ -122,7 +100,7 @@ async def test_the_flag_is_engaged_on_firing_and_restored_after_the_quiet_period
     await daemon.shutdown()
     daemon = await started(acceptance=0.2)
     source = daemon.source
-    assert isinstance(source, Acceptance)
+    assert isinstance(source, Readings)
     await asyncio.sleep(0.3)
     assert [(a, m, k, s) for a, m, k, s, _, _ in runs(daemon)] == [
         ("fallback", "run", "firing", "ok"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,8 @@ import pytest
 from daemon.dispatch.silences import parse_match
 from daemon.loading import load
 from daemon.runtime import Daemon
-from daemon.sources.base import SourceResult
-from rules.signals import Signal
 from tests.processes import specguard
+from tests.readings import Readings
 
 TOKEN = "api-token-123"
 CONFIG = """\
@@ -36,27 +35,6 @@ rules:
 """
 
 
-class Acceptance:
-    kind = "scrape"
-
-    def __init__(self) -> None:
-        self.values = {"a": 0.8, "b": 0.8}
-
-    async def refresh(self) -> None:
-        return None
-
-    async def query_signal(
-        self, signal: Signal, window: float, group_by: Sequence[str], *_: object
-    ) -> SourceResult:
-        return SourceResult.of([({"instance": name}, value) for name, value in self.values.items()])
-
-    async def query_expr(self, expr: str) -> SourceResult:
-        return SourceResult.failed("no")
-
-    async def close(self) -> None:
-        return None
-
-
 @pytest.fixture
 async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Daemon]:
     monkeypatch.chdir(tmp_path)
@@ -66,7 +44,8 @@ async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     loaded = load(tmp_path / "specguard.yaml")
     assert loaded.ok, loaded.problems
     running = Daemon(loaded, tmp_path / "specguard.yaml")
-    running.source = Acceptance()
+    running.source = Readings()
+    running.source.values = {"a": 0.8, "b": 0.8}
     await running.start(handle_signals=False)
     yield running
     await running.shutdown()
@@ -101,7 +80,7 @@ async def test_a_silence_from_the_cli_holds_back_the_firings_it_matches(daemon: 
     assert code == 0, err
     assert out.startswith("silence 1: rule acceptance_* where instance=a, until ")
     source = daemon.source
-    assert isinstance(source, Acceptance)
+    assert isinstance(source, Readings)
     source.values = {"a": 0.2, "b": 0.2}
     await until(lambda: len(runs(daemon)) == 2, "both series fired")
     by_series = {labels: (status, reason) for labels, _, status, reason in runs(daemon)}

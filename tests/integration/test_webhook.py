@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,8 @@ import pytest
 
 from daemon.loading import load
 from daemon.runtime import Daemon
-from daemon.sources.base import SourceResult
-from rules.signals import Signal
 from tests.am_payloads import alert, message
+from tests.readings import Readings
 
 TOKEN = "s3cret-token"
 LOW = {"alertname": "AcceptanceLow", "instance": "vllm-a:8000", "severity": "warning"}
@@ -38,33 +37,6 @@ rules:
     alert:
       match: {alertname: AcceptanceLow}
 """
-
-
-class FixedSource:
-    """Acceptance ``value`` on one instance, whenever asked."""
-
-    kind = "scrape"
-
-    def __init__(self) -> None:
-        self.queries = 0
-        self.value = 0.2
-        self.delay = 0.0
-
-    async def refresh(self) -> None:
-        return None
-
-    async def query_signal(
-        self, signal: Signal, window: float, group_by: Sequence[str], *_: object
-    ) -> SourceResult:
-        self.queries += 1
-        await asyncio.sleep(self.delay)
-        return SourceResult.of([({"instance": "vllm-a:8000"}, self.value)])
-
-    async def query_expr(self, expr: str) -> SourceResult:
-        return SourceResult.failed("no")
-
-    async def close(self) -> None:
-        return None
 
 
 def write_config(tmp_path: Path, keep: str = "0s", token: bool = True) -> Path:
@@ -92,7 +64,7 @@ async def started(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Daemo
         loaded = load(path)
         assert loaded.ok, loaded.problems
         daemon = Daemon(loaded, path)
-        daemon.source = FixedSource()
+        daemon.source = Readings(0.2)
         await daemon.start(handle_signals=False)
         running.append(daemon)
         return daemon
@@ -168,7 +140,7 @@ async def test_a_firing_alert_fires_the_alert_rule_and_triggers_the_signal_rule_
 ) -> None:
     daemon = await started()
     source = daemon.source
-    assert isinstance(source, FixedSource)
+    assert isinstance(source, Readings)
     source.value = 0.9  # healthy at the first round; the hourly schedule will not look again
     for _ in range(400):
         if daemon.last_round_of.get(3600.0) is not None:  # the hourly round ran, at start
@@ -262,7 +234,7 @@ async def test_a_stop_while_alerts_are_acted_on_lets_them_finish_and_no_more(
 ) -> None:
     daemon = await started()
     source = daemon.source
-    assert isinstance(source, FixedSource)
+    assert isinstance(source, Readings)
     source.delay = 0.5  # the triggered signal rule reads slowly: the stop comes in the middle
     assert (await post(daemon, message(alert(LOW))))[0] == 200
     for _ in range(400):

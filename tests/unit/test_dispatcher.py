@@ -54,14 +54,6 @@ def firing(at: float = 100.0) -> Event:
     return Event("low", '{"instance":"h:8000"}', labels, State.FIRING, State.PENDING, at, 0.31, 0.5)
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> Any:
-    s = Store(tmp_path / "state" / "specguard.db")
-    await s.open()
-    yield s
-    await s.close()
-
-
 def dispatcher(store: Store, dry_run: bool = False, timeout: float = 30.0) -> Dispatcher:
     action = Recording("rec", ActionParams(type="recording", timeout=timeout))
     return Dispatcher(store, {"rec": action}, dry_run, DaemonMetrics())

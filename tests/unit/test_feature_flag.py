@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +45,6 @@ def context(store: Store, action: str, instance: str = "a", rule: str = "low") -
         series=json.dumps(labels),
         memory=StoreMemory(store, action),
     )
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store(tmp_path / "state" / "specguard.db")
-    await s.open()
-    yield s
-    await s.close()
 
 
 class FlagApi:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -65,14 +64,6 @@ def _reset() -> None:
     Switch.calls = []
     Switch.refuse = 0
     Switch.delay = 0.3
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store(tmp_path / "state" / "specguard.db")
-    await s.open()
-    yield s
-    await s.close()
 
 
 def dispatcher(store: Store, **params: Any) -> Dispatcher:
