@@ -5,8 +5,9 @@ from __future__ import annotations
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
 from actions.feature_flag import FeatureFlagAction
 from actions.log import LogAction
+from actions.slack import SlackAction
 
-ACTION_TYPES: dict[str, type[Action]] = {cls.type: cls for cls in (LogAction, FeatureFlagAction)}
+ACTION_TYPES: dict[str, type[Action]] = {cls.type: cls for cls in (LogAction, FeatureFlagAction, SlackAction)}
 
 # Instances every config has without declaring them.
 BUILTIN_INSTANCES: dict[str, dict[str, str]] = {"log": {"type": "log"}}

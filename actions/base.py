@@ -71,6 +71,22 @@ class ActionContext:
     series: str = ""  # the series' key, as the store spells it
     at: float | None = None  # when the event happened (unix time)
     memory: ActionMemory | None = None
+    # What the event's other actions did before this one ran (for actions that tell of them).
+    outcomes: tuple[RunOutcome, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one action run ended: what a notifying action tells about the others."""
+
+    rule: str
+    series: str
+    event: str  # firing | resolved
+    action: str
+    mode: str  # run | restore
+    status: str  # ok | failed
+    detail: str
+    at: float  # when it ended
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,8 @@ class Action(ABC):
     Params: ClassVar[builtins.type[ActionParams]] = ActionParams
     # Whether the action changes the world (and ``restore`` undoes it) or only tells of the event.
     changes_world: ClassVar[bool] = False
+    # Whether it wants to hear how the other actions' runs ended (``observe``, ``ctx.outcomes``).
+    observes: ClassVar[bool] = False
 
     def __init__(self, name: str, params: ActionParams):
         """Raises ValueError when the action cannot be set up (a secret it cannot read)."""
@@ -116,3 +134,12 @@ class Action(ABC):
     async def restore(self, ctx: ActionContext) -> Outcome:
         """Undo what ``run`` changed. Actions that change nothing have nothing to undo."""
         return Outcome(True, "nothing to restore")
+
+    async def observe(self, outcome: RunOutcome, memory: ActionMemory) -> None:
+        """Another action's run ended (a restore after its quiet period, say): for ``observes``."""
+        return None
+
+    async def tick(self, memory: ActionMemory) -> float | None:
+        """Work of its own that is due (an outbox to deliver); returns when it next has some
+        (unix time), or None. The dispatcher calls it then, and after every run."""
+        return None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from actions.base import RunOutcome
 from daemon.engine import Event, SeriesState, State, Verdict
 
 T = TypeVar("T")
@@ -270,6 +271,31 @@ class Store:
         stopped mid-run)."""
         at = time.time() if now is None else now
         return await self._call(lambda db: _runs_to_do(db, ids, at))
+
+    async def event_outcomes(self, event_id: int) -> list[RunOutcome]:
+        """How the event's finished runs ended, in order."""
+
+        def read(db: sqlite3.Connection) -> list[RunOutcome]:
+            rows = db.execute(
+                "SELECT e.rule, e.series, e.kind, r.action, r.mode, r.status, r.detail, r.finished FROM action_runs r "
+                "JOIN events e ON e.id = r.event_id WHERE r.event_id = ? AND r.status IN ('ok', 'failed') ORDER BY r.id",
+                (event_id,),
+            )
+            return [
+                RunOutcome(
+                    r["rule"],
+                    r["series"],
+                    r["kind"],
+                    r["action"],
+                    r["mode"],
+                    r["status"],
+                    r["detail"],
+                    r["finished"] or 0.0,
+                )
+                for r in rows
+            ]
+
+        return await self._call(read)
 
     async def next_due(self) -> float | None:
         """When the earliest pending run that waits (a restore in its quiet period) is due."""

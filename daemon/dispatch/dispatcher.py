@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from actions import Action, ActionContext
+from actions.base import RunOutcome
 from daemon.dispatch import guards
 from daemon.dispatch.memory import StoreMemory
 from daemon.engine import Event, State
@@ -32,6 +33,7 @@ from rules.templates import render
 log = logging.getLogger("specguard.dispatcher")
 
 ACTIONABLE = (State.FIRING, State.RESOLVED)
+TICK_RETRY = 30.0  # seconds before an action's own work that raised is tried again
 
 
 def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
@@ -77,6 +79,7 @@ class Dispatcher:
         # Runs the guards held back, on the store's writer thread, to be logged and counted on
         # the event loop by the next run() (called once the events are stored).
         self._held: list[tuple[Event, PlannedRun]] = []
+        self._next_tick: float | None = None  # when an action next has work of its own
 
     @property
     def guard(self) -> Guard:
@@ -146,18 +149,46 @@ class Dispatcher:
                 self._in_flight.discard(run.id)
         self._due.set()  # restores may have been recorded, or put off: the waiting changes
 
+    async def tick(self) -> None:
+        """Each action's own due work (a Slack outbox); notes when the next is due."""
+        upcoming: list[float] = []
+        for name, action in list(self.actions.items()):
+            try:
+                async with asyncio.timeout(action.timeout):
+                    due = await action.tick(StoreMemory(self.store, name))
+            except Exception:  # one action's trouble must not stop the others, or the loop
+                log.exception("action %s: its own work failed; tried again in %gs", name, TICK_RETRY)
+                due = time.time() + TICK_RETRY
+            if due is not None:
+                upcoming.append(due)
+        self._next_tick = min(upcoming, default=None)
+
+    async def _tell_observers(self, ended: RunOutcome) -> None:
+        for name, action in list(self.actions.items()):
+            if not action.observes or name == ended.action:
+                continue
+            try:
+                async with asyncio.timeout(action.timeout):
+                    await action.observe(ended, StoreMemory(self.store, name))
+            except Exception:
+                log.exception("action %s could not take in how %s ended", name, ended.action)
+
     async def serve(self) -> None:
         """Carry out runs as they fall due (restores after their quiet period, restores tried
-        again after a failed canary); until cancelled."""
+        again after a failed canary), and the actions' own work; until cancelled."""
+        await self.tick()
         while True:
             self._due.clear()  # before reading: a run recorded meanwhile wakes the wait below
             due = await self.store.next_due()
-            wait = None if due is None else max(0.0, due - time.time())
+            soonest = min((t for t in (due, self._next_tick) if t is not None), default=None)
+            wait = None if soonest is None else max(0.0, soonest - time.time())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._due.wait()
             if due is not None and time.time() >= due:
                 await self.run()
+            # After a run (its notices to send) or at the time an action asked for.
+            await self.tick()
 
     async def _run_one(self, run: ActionRun) -> None:
         if self.dry_run:
@@ -186,6 +217,7 @@ class Dispatcher:
             series=run.series,
             at=run.at,
             memory=StoreMemory(self.store, run.action),
+            outcomes=tuple(await self.store.event_outcomes(run.event_id)) if action.observes else (),
         )
         await self.store.start_run(run.id)
         retry_after: float | None = None
@@ -218,6 +250,8 @@ class Dispatcher:
             return
         await self.store.finish_run(run.id, status, detail)
         self.metrics.action_runs.labels(run.action, status).inc()
+        ended = RunOutcome(run.rule, run.series, run.kind, run.action, run.mode, status, detail, time.time())
+        await self._tell_observers(ended)
         for observer in self.on_run:
             observer(run, status, detail)
         if status != "ok":

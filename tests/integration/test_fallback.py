@@ -121,3 +121,42 @@ async def test_the_flag_is_engaged_on_firing_and_restored_after_the_quiet_period
     memory = await daemon.store.memory_read("fallback", "flag")
     assert memory["engaged"] is False and memory["holders"] == {}
     assert (tmp_path / "router" / "flags.json.prev").exists()
+
+
+async def test_on_call_hears_of_it_in_one_slack_thread(tmp_path: Path) -> None:
+    """The same loop with the slack action after the fallback: the firing message says the
+    fallback was engaged; the resolution and, after the quiet period, the restore go in its thread."""
+    from tests.slack_api import TOKEN, running
+
+    async with running() as slack:
+        (tmp_path / "router").mkdir()
+        (tmp_path / "slack-token").write_text(TOKEN)
+        config = CONFIG + (
+            "  oncall:\n    type: slack\n    token: {file: slack-token}\n    channel: C0ONCALL\n"
+            f"    base_url: {slack.url}\n    group_wait: 300ms\n"
+        )
+        (tmp_path / "specguard.yaml").write_text(config)
+        (tmp_path / "rules.yaml").write_text(RULES.replace("[fallback, log]", "[fallback, oncall]"))
+        loaded = load(tmp_path / "specguard.yaml")
+        assert loaded.ok, loaded.problems
+        daemon = Daemon(loaded, tmp_path / "specguard.yaml")
+        source = Readings(0.2)
+        daemon.source = source
+        await daemon.start(handle_signals=False)
+        try:
+            await until("the firing is posted", lambda: len(slack.posted()) == 1)
+            parent = slack.posted()[0]
+            assert parent["blocks"][0]["text"]["text"] == "FIRING · CRITICAL · acceptance_critical"
+            assert "*fallback* at" in json.dumps(
+                parent["blocks"]
+            ) and "fallback engaged: wrote" in json.dumps(parent["blocks"])
+            source.value = 0.8
+            await until("the restore is told", lambda: len(slack.posted()) == 3)
+            replies = [m["text"] for m in slack.posted()[1:]]
+            assert all(m["thread_ts"] == parent["ts"] for m in slack.posted()[1:])
+            assert replies[0].startswith("Resolved at ")
+            assert replies[1].startswith("fallback (restore): ok: speculative decoding restored after")
+            assert parent["blocks"][0]["text"]["text"] == "RESOLVED · CRITICAL · acceptance_critical"
+            assert flag(tmp_path) == {"speculative": True}
+        finally:
+            await daemon.shutdown()

@@ -1,0 +1,381 @@
+"""The ``slack`` action: tell on-call, one thread per incident.
+
+With a bot token (``chat.postMessage`` and ``chat.update`` through slack-sdk's async client) the
+firing starts a thread; later news (another action's outcome, a restore after the quiet period)
+and the resolution go in it as replies, and the parent is edited to show it resolved. With an
+incoming-webhook URL each notice is a message of its own (a webhook can neither thread nor edit).
+
+Notices go through a durable outbox in the store: a run queues its notice and returns; the queue is
+delivered in order, per thread, whenever Slack answers. A 429 waits for its ``Retry-After``; a
+5xx, a refused connection or a timeout waits a doubling backoff; nothing is dropped, and a daemon
+restart picks the queue up where it was. Each message carries its notice id in Slack's message
+``metadata``: after a send whose answer was lost (a timeout, a crash), the channel is read back
+before sending again, so a notice is posted once. (An incoming webhook has no way to read back:
+there, at least once.)
+
+Notices of the same incident within ``group_wait`` are one message: a firing waits that long
+before it is posted, and what arrives meanwhile (the fallback's outcome, even a resolution) is in
+the message it becomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import aiohttp
+from pydantic import Field, model_validator
+from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
+
+from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome, RunOutcome
+from actions.slack import message
+from common.secrets import SecretRef
+from rules.durations import Duration
+
+log = logging.getLogger("specguard.action.slack")
+
+STATE_KEY = "outbox"
+EVENT_TYPE = "specguard_notice"
+KEEP_INCIDENTS = 7 * 86400.0  # a resolved incident's thread gets news (a late restore) this long
+
+
+class SlackParams(ActionParams):
+    type: Literal["slack"] = "slack"
+    token: SecretRef | None = None  # a bot token (xoxb-...): threads and edits
+    channel: str | None = None  # for the bot: a channel id or #name
+    webhook_url: SecretRef | None = None  # or an incoming-webhook URL (itself a secret)
+    base_url: str = "https://slack.com/api/"  # the Web API (a proxy's, or a test's)
+    group_wait: Duration = Field(10.0, ge=0)
+    request_timeout: Duration = Field(10.0, gt=0)
+    backoff: Duration = Field(5.0, gt=0)  # after a failed delivery; doubled each time
+    max_backoff: Duration = Field(300.0, gt=0)
+    host: str | None = None  # shown in messages; default: this machine's name
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SlackParams:
+        if (self.token is None) == (self.webhook_url is None):
+            raise ValueError("give `token` (a bot token, with `channel`) or `webhook_url`, one of them")
+        if self.token is not None and not self.channel:
+            raise ValueError("a bot token needs the `channel` to post in")
+        if not self.base_url.endswith("/"):
+            raise ValueError("base_url ends with a slash, e.g. https://slack.com/api/")
+        return self
+
+
+class Retry(Exception):
+    """Not delivered, try again (after ``after`` seconds, or the backoff). ``unsent``: Slack
+    surely did not post it (a 429), so the next try need not look for it first."""
+
+    def __init__(self, why: str, after: float | None = None, unsent: bool = False) -> None:
+        super().__init__(why)
+        self.after = after
+        self.unsent = unsent
+
+
+def _empty() -> dict[str, Any]:
+    return {"next": 1, "items": [], "incidents": {}, "open": {}, "last": {}}
+
+
+class SlackAction(Action):
+    type = "slack"
+    Params = SlackParams
+    observes = True
+
+    def __init__(self, name: str, params: ActionParams) -> None:
+        super().__init__(name, params)
+        assert isinstance(params, SlackParams)
+        self.slack = params
+        where = f"actions.{name}"
+        self._token = params.token.read(f"{where}.token") if params.token else None
+        self._webhook = params.webhook_url.read(f"{where}.webhook_url") if params.webhook_url else None
+        if self._webhook is not None and not _webhook_ok(self._webhook):
+            raise ValueError(f"{where}.webhook_url: give an https:// URL (http:// only on loopback)")
+        self.host = params.host or socket.gethostname()
+        self._lock = asyncio.Lock()  # one delivery pass at a time
+
+    # --- queueing ----------------------------------------------------------------------------
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        memory = self.memory(ctx)
+        now = time.time()
+        key = f"{ctx.rule}|{ctx.series}"
+        said: list[str] = []
+
+        def queue(state: dict[str, Any] | None) -> dict[str, Any]:
+            state = state or _empty()
+            if ctx.event == "firing":
+                incident = f"{key}|{ctx.event_id}"
+                state["incidents"][incident] = {
+                    "rule": ctx.rule,
+                    "severity": ctx.severity,
+                    "host": self.host,
+                    "labels": dict(ctx.labels),
+                    "value": ctx.value,
+                    "threshold": ctx.threshold,
+                    "summary": ctx.summary,
+                    "fired_at": ctx.at or now,
+                    "annotations": dict(ctx.annotations),
+                    "actions": [_outcome(o) for o in ctx.outcomes if o.action != self.name],
+                    "channel": None,
+                    "ts": None,
+                }
+                state["open"][key] = state["last"][key] = incident
+                said.append(_put(state, incident, "post", now + self.slack.group_wait))
+                return _pruned(state, now)
+            incident = state["open"].pop(key, None)
+            if incident is None or incident not in state["incidents"]:
+                said.append("no incident open for this series: nothing to tell")
+                return state
+            record = state["incidents"][incident]
+            record["resolved"] = {"at": ctx.at or now, "value": ctx.value}
+            if _queued_post(state, incident):
+                said.append("resolved before its firing was posted: one message says both")
+                return state
+            lasted = message.clock(ctx.at or now)
+            said.append(_put(state, incident, "reply", now, f"Resolved at {lasted}: {ctx.summary}"))
+            if self._token is not None:
+                _put(state, incident, "update", now)
+            return state
+
+        await memory.update(STATE_KEY, queue)
+        await self.tick(memory)
+        return Outcome(True, "; ".join(said))
+
+    async def observe(self, outcome: RunOutcome, memory: ActionMemory) -> None:
+        key = f"{outcome.rule}|{outcome.series}"
+        now = time.time()
+
+        def note(state: dict[str, Any] | None) -> dict[str, Any]:
+            state = state or _empty()
+            incident = state["last"].get(key)
+            record = state["incidents"].get(incident) if incident else None
+            if record is None or incident is None:
+                return state
+            record["actions"].append(_outcome(outcome))
+            if not _queued_post(state, incident):
+                what = f"{outcome.action}" + (" (restore)" if outcome.mode == "restore" else "")
+                _put(state, incident, "reply", now, f"{what}: {outcome.status}: {outcome.detail}")
+                if self._token is not None:
+                    _put(state, incident, "update", now)
+            return state
+
+        await memory.update(STATE_KEY, note)
+
+    # --- delivery ----------------------------------------------------------------------------
+
+    async def tick(self, memory: ActionMemory) -> float | None:
+        """Deliver every notice that is due, in order per thread; returns when the next is due."""
+        async with self._lock:
+            while True:
+                state = await memory.read(STATE_KEY) or _empty()
+                now = time.time()
+                item = _next(state, now)
+                if item is None:
+                    dues = [i["due"] for i in state["items"]]
+                    return min(dues) if dues else None
+                await self._deliver(memory, state, item)
+
+    async def _deliver(self, memory: ActionMemory, state: dict[str, Any], item: dict[str, Any]) -> None:
+        incident = state["incidents"].get(item["incident"], {})
+        try:
+            if item["kind"] != "update" and self._token is not None:
+                await memory.update(STATE_KEY, lambda s: _mark(s, item["id"], sending=True))
+            where = await self._send(item, incident)
+        except Retry as exc:
+            wait = exc.after if exc.after is not None else self._backoff(item["attempts"] + 1)
+            # Once a try may have reached Slack, every later one looks for it first.
+            why, sending = (
+                str(exc),
+                (bool(item.get("sending")) or not exc.unsent) and item["kind"] != "update",
+            )
+            log.warning("slack notice %d not delivered (%s); again in %.1fs", item["id"], why, wait)
+            await memory.update(
+                STATE_KEY,
+                lambda s: _mark(
+                    s,
+                    item["id"],
+                    due=time.time() + wait,
+                    attempts=item["attempts"] + 1,
+                    error=why,
+                    sending=sending,
+                ),
+            )
+            return
+
+        def done(s: dict[str, Any] | None) -> dict[str, Any]:
+            s = s or _empty()
+            s["items"] = [i for i in s["items"] if i["id"] != item["id"]]
+            record = s["incidents"].get(item["incident"])
+            if record is not None and item["kind"] == "post" and where is not None:
+                record["channel"], record["ts"] = where
+            return s
+
+        await memory.update(STATE_KEY, done)
+        log.info(
+            "slack notice %d (%s) delivered for %s", item["id"], item["kind"], item["incident"].split("|")[0]
+        )
+
+    def _backoff(self, attempts: int) -> float:
+        return float(min(self.slack.max_backoff, self.slack.backoff * 2 ** max(0, attempts - 1)))
+
+    async def _send(self, item: dict[str, Any], incident: dict[str, Any]) -> tuple[str, str] | None:
+        """Deliver one notice; the (channel, ts) of a posted parent. Raises Retry."""
+        if item["kind"] == "reply":
+            text, blocks = message.reply(item["text"])
+        else:
+            text, blocks = message.notice(incident, incident.get("resolved"))
+        try:
+            if self._webhook is not None:
+                if item["kind"] == "update":
+                    return None  # a webhook cannot edit: the reply said it
+                if item["kind"] == "reply":
+                    text, blocks = message.reply(f"{incident.get('rule', '')}: {item['text']}")
+                async with aiohttp.ClientSession() as session:
+                    hook = AsyncWebhookClient(
+                        self._webhook,
+                        timeout=self.slack.request_timeout,  # type: ignore[arg-type]  # a float works
+                        session=session,
+                    )
+                    sent = await hook.send(text=text, blocks=blocks)
+                if sent.status_code == 429:
+                    raise Retry("429 from the webhook", _retry_after(sent.headers), unsent=True)
+                if sent.status_code != 200:
+                    raise Retry(f"the webhook answered {sent.status_code} {sent.body[:100]}")
+                return None
+            client = AsyncWebClient(
+                token=self._token,
+                base_url=self.slack.base_url,
+                timeout=self.slack.request_timeout,  # type: ignore[arg-type]  # a float works
+                retry_handlers=[],  # retries are the outbox's: durable, and with Retry-After
+            )
+            if item["kind"] == "update":
+                await client.chat_update(
+                    channel=incident["channel"], ts=incident["ts"], text=text, blocks=blocks
+                )
+                return None
+            thread = incident.get("ts") if item["kind"] == "reply" else None
+            if item.get("sending"):  # a send before this one may have reached Slack: look first
+                found = await self._find(client, item, incident, thread)
+                if found is not None:
+                    return found
+            answer = await client.chat_postMessage(
+                channel=incident.get("channel") or self.slack.channel or "",
+                text=text,
+                blocks=blocks,
+                thread_ts=thread,
+                metadata={
+                    "event_type": EVENT_TYPE,
+                    "event_payload": {"notice": item["id"], "action": self.name},
+                },
+            )
+            return str(answer["channel"]), str(answer["ts"])
+        except SlackApiError as exc:
+            status = exc.response.status_code
+            if status == 429:
+                raise Retry("429 rate limited", _retry_after(exc.response.headers), unsent=True) from None
+            raise Retry(f"{status} {exc.response.get('error', '')}".strip()) from None
+        except (aiohttp.ClientError, TimeoutError, SlackRequestError) as exc:
+            raise Retry(f"{type(exc).__name__}: {exc}"[:200]) from None
+
+    async def _find(
+        self, client: AsyncWebClient, item: dict[str, Any], incident: dict[str, Any], thread: str | None
+    ) -> tuple[str, str] | None:
+        """The notice, if an earlier attempt did post it (its metadata says so)."""
+        channel = incident.get("channel") or self.slack.channel or ""
+        oldest = f"{item['created'] - 5:.6f}"
+        if thread is None:
+            answer = await client.conversations_history(
+                channel=channel, oldest=oldest, include_all_metadata=True, limit=200
+            )
+        else:
+            answer = await client.conversations_replies(
+                channel=channel, ts=thread, oldest=oldest, include_all_metadata=True, limit=200
+            )
+        found: dict[str, Any]
+        for found in answer.get("messages", []):
+            meta: dict[str, Any] = found.get("metadata") or {}
+            payload: dict[str, Any] = meta.get("event_payload") or {}
+            if (
+                meta.get("event_type") == EVENT_TYPE
+                and payload.get("notice") == item["id"]
+                and payload.get("action") == self.name
+            ):
+                log.info(
+                    "slack notice %d was posted before the answer was lost: not posted again", item["id"]
+                )
+                return str(answer.get("channel") or channel), str(found["ts"])
+        return None
+
+
+def _outcome(o: RunOutcome) -> dict[str, Any]:
+    name = o.action + (" (restore)" if o.mode == "restore" else "")
+    return {"name": name, "detail": f"{o.status}: {o.detail}", "at": o.at}
+
+
+def _put(state: dict[str, Any], incident: str, kind: str, due: float, text: str = "") -> str:
+    number = state["next"]
+    state["next"] = number + 1
+    state["items"].append(
+        {"id": number, "incident": incident, "kind": kind, "text": text, "due": due, "created": time.time(),
+         "attempts": 0, "sending": False, "error": ""}
+    )  # fmt: skip
+    return f"notice {number} ({kind}) queued"
+
+
+def _queued_post(state: dict[str, Any], incident: str) -> bool:
+    return any(i["incident"] == incident and i["kind"] == "post" for i in state["items"])
+
+
+def _next(state: dict[str, Any], now: float) -> dict[str, Any] | None:
+    """The first due notice that is first of its thread (so a thread's notices go in order)."""
+    seen: set[str] = set()
+    for item in state["items"]:
+        if item["incident"] in seen:
+            continue
+        seen.add(item["incident"])
+        if item["due"] <= now:
+            return dict(item)
+    return None
+
+
+def _mark(state: dict[str, Any] | None, number: int, **fields: Any) -> dict[str, Any]:
+    state = state or _empty()
+    for item in state["items"]:
+        if item["id"] == number:
+            item.update(fields)
+    return state
+
+
+def _pruned(state: dict[str, Any], now: float) -> dict[str, Any]:
+    """Forget resolved incidents older than KEEP_INCIDENTS that have nothing queued."""
+    busy = {i["incident"] for i in state["items"]}
+    for incident, record in list(state["incidents"].items()):
+        resolved = record.get("resolved")
+        if resolved and now - float(resolved["at"]) > KEEP_INCIDENTS and incident not in busy:
+            del state["incidents"][incident]
+            for index in ("open", "last"):
+                for key, value in list(state[index].items()):
+                    if value == incident:
+                        del state[index][key]
+    return state
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        value = headers.get("Retry-After") or headers.get("retry-after")
+        return max(1.0, float(value[0] if isinstance(value, list) else value))
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _webhook_ok(url: str) -> bool:
+    parts = urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return True
+    return parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1")

@@ -1,0 +1,46 @@
+"""Slack messages stay within Slack's limits, whatever a rule's labels and annotations hold."""
+
+from __future__ import annotations
+
+from actions.slack import message
+
+
+def incident(**extra: object) -> dict[str, object]:
+    return {
+        "rule": "r" * 300,
+        "severity": "critical",
+        "host": "h",
+        "labels": {f"label_{i}": "v" * 3000 for i in range(20)},
+        "value": 0.2,
+        "threshold": 0.4,
+        "summary": "<b>" + "s" * 10_000,
+        "fired_at": 1_800_000_000.0,
+        "annotations": {"runbook_url": "javascript:alert(1)", "dashboard_url": "https://d.example/x"},
+        "actions": [{"name": "fallback", "detail": "d" * 5000, "at": 1_800_000_041.0}] * 5,
+        **extra,
+    }
+
+
+def test_every_part_is_cut_to_its_limit() -> None:
+    text, blocks = message.notice(incident())
+    assert len(text) <= message.TEXT_MAX and len(blocks) <= message.BLOCKS_MAX
+    header = blocks[0]["text"]["text"]
+    assert len(header) <= message.HEADER_MAX and header.endswith("…")
+    for block in blocks[1:]:
+        if "text" in block:
+            assert len(block["text"]["text"]) <= message.SECTION_MAX
+        fields = block.get("fields", [])
+        assert len(fields) <= message.FIELDS_MAX
+        assert all(len(f["text"]) <= message.FIELD_MAX for f in fields)
+    summary = blocks[1]["text"]["text"]
+    assert "&lt;b&gt;" in summary and "<b>" not in summary  # mrkdwn escaped
+    links = blocks[-1]["elements"][0]["text"]
+    assert links == "<https://d.example/x|Dashboard>"  # only http(s) links are shown
+    assert "(41 s after firing)" in blocks[3]["text"]["text"]
+
+
+def test_a_resolved_incident_says_when_and_after_how_long() -> None:
+    _, blocks = message.notice(incident(rule="acceptance_low"), {"at": 1_800_000_000.0 + 3725, "value": 0.7})
+    assert blocks[0]["text"]["text"] == "RESOLVED · CRITICAL · acceptance_low"
+    fields = [f["text"] for f in blocks[2]["fields"]]
+    assert any(f.startswith("*Resolved at*") and f.endswith("after 1 h 2 min") for f in fields), fields
