@@ -144,7 +144,8 @@ class SlackAction(Action):
             return state
 
         await memory.update(STATE_KEY, queue)
-        await self.tick(memory)
+        # Delivered by the dispatcher's loop (``tick``) as soon as due, not here: a slow Slack must
+        # not make this run, whose notice is safely queued, look failed.
         return Outcome(True, "; ".join(said))
 
     async def observe(self, outcome: RunOutcome, memory: ActionMemory) -> None:

@@ -163,7 +163,18 @@ class Dispatcher:
                 upcoming.append(due)
         self._next_tick = min(upcoming, default=None)
 
+    def _changed_world(self, name: str) -> bool:
+        action = self.actions.get(name)
+        return action is not None and action.changes_world
+
+    async def _outcomes(self, event_id: int) -> list[RunOutcome]:
+        """What the event's world-changing actions did so far (what a notice tells; a log line
+        or another notice is not news)."""
+        return [o for o in await self.store.event_outcomes(event_id) if self._changed_world(o.action)]
+
     async def _tell_observers(self, ended: RunOutcome) -> None:
+        if not self._changed_world(ended.action):
+            return
         for name, action in list(self.actions.items()):
             if not action.observes or name == ended.action:
                 continue
@@ -217,7 +228,7 @@ class Dispatcher:
             series=run.series,
             at=run.at,
             memory=StoreMemory(self.store, run.action),
-            outcomes=tuple(await self.store.event_outcomes(run.event_id)) if action.observes else (),
+            outcomes=tuple(await self._outcomes(run.event_id)) if action.observes else (),
         )
         await self.store.start_run(run.id)
         retry_after: float | None = None

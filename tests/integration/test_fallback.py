@@ -108,6 +108,9 @@ async def test_the_flag_is_engaged_on_firing_and_restored_after_the_quiet_period
     ]
     source.value = 0.8
     await until("the flag is restored", lambda: flag(tmp_path) == {"speculative": True})
+    await until(
+        "the restore run is recorded", lambda: any(r[1] == "restore" and r[3] == "ok" for r in runs(daemon))
+    )
     rows = runs(daemon)
     assert [(a, m, k, s) for a, m, k, s, _, _ in rows] == [
         ("fallback", "run", "firing", "ok"),
@@ -136,7 +139,7 @@ async def test_on_call_hears_of_it_in_one_slack_thread(tmp_path: Path) -> None:
             f"    base_url: {slack.url}\n    group_wait: 300ms\n"
         )
         (tmp_path / "specguard.yaml").write_text(config)
-        (tmp_path / "rules.yaml").write_text(RULES.replace("[fallback, log]", "[fallback, oncall]"))
+        (tmp_path / "rules.yaml").write_text(RULES.replace("[fallback, log]", "[fallback, oncall, log]"))
         loaded = load(tmp_path / "specguard.yaml")
         assert loaded.ok, loaded.problems
         daemon = Daemon(loaded, tmp_path / "specguard.yaml")
@@ -157,6 +160,10 @@ async def test_on_call_hears_of_it_in_one_slack_thread(tmp_path: Path) -> None:
             assert replies[0].startswith("Resolved at ")
             assert replies[1].startswith("fallback (restore): ok: speculative decoding restored after")
             assert parent["blocks"][0]["text"]["text"] == "RESOLVED · CRITICAL · acceptance_critical"
+            # what the log action did is not news: only the world-changing action's outcomes are told
+            assert "*log*" not in json.dumps(parent["blocks"])
+            await asyncio.sleep(0.5)
+            assert len(slack.posted()) == 3
             assert flag(tmp_path) == {"speculative": True}
         finally:
             await daemon.shutdown()

@@ -215,10 +215,14 @@ async def test_a_restart_in_an_outage_loses_nothing_and_doubles_nothing(
     slack.faults = [Fault("500")] * 6
     now = time.time()
     for number in range(3):  # three incidents while Slack is down
-        labels_ctx = ctx(store, "firing", now, event_id=number + 1)
-        await first.run(labels_ctx)
+        await first.run(ctx(store, "firing", now, event_id=number + 1))
+    await first.tick(StoreMemory(store, "oncall"))  # every one tried once, and failed
     pending = (await StoreMemory(store, "oncall").read("outbox"))["items"]
-    assert len(pending) == 3 and all(item["attempts"] >= 1 for item in pending[:1])
+    assert [(item["id"], item["attempts"], item["sending"]) for item in pending] == [
+        (1, 1, True),
+        (2, 1, True),
+        (3, 1, True),
+    ]
     await store.close()  # the daemon stops (or is killed) with the outbox full
 
     slack.faults = []  # Slack is back
