@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 from typing import Any, Literal
@@ -47,8 +48,9 @@ KEEP_INCIDENTS = 7 * 86400.0  # a resolved incident's thread gets news (a late r
 
 class SlackParams(ActionParams):
     type: Literal["slack"] = "slack"
+    timeout: Duration = Field(120.0, gt=0)  # a run queues; a delivery pass sends what is due
     token: SecretRef | None = None  # a bot token (xoxb-...): threads and edits
-    channel: str | None = None  # for the bot: a channel id or #name
+    channel: str | None = None  # for the bot: the channel's id (C0123...)
     webhook_url: SecretRef | None = None  # or an incoming-webhook URL (itself a secret)
     base_url: str = "https://slack.com/api/"  # the Web API (a proxy's, or a test's)
     group_wait: Duration = Field(10.0, ge=0)
@@ -63,6 +65,11 @@ class SlackParams(ActionParams):
             raise ValueError("give `token` (a bot token, with `channel`) or `webhook_url`, one of them")
         if self.token is not None and not self.channel:
             raise ValueError("a bot token needs the `channel` to post in")
+        if self.channel is not None and not re.fullmatch(r"[CGD][A-Z0-9]{6,}", self.channel):
+            raise ValueError(
+                f"channel {self.channel!r}: give the channel's id (C0123ABCD, from the channel's details "
+                "in Slack): reading the channel back after a lost answer takes an id, not a name"
+            )
         if not self.base_url.endswith("/"):
             raise ValueError("base_url ends with a slash, e.g. https://slack.com/api/")
         return self

@@ -260,7 +260,9 @@ async def test_an_incoming_webhook_gets_each_notice_as_a_message(
 
 def test_bad_slack_configuration_says_what_is_wrong(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ValidationError, match="give `token`"):
-        SlackParams.model_validate({"type": "slack", "channel": "C1"})
+        SlackParams.model_validate({"type": "slack", "channel": "C0ONCALL"})
+    with pytest.raises(ValidationError, match="give the channel's id"):
+        SlackParams.model_validate({"type": "slack", "token": {"env": "SLACK_TOKEN"}, "channel": "#ml-oncall"})
     with pytest.raises(ValidationError, match="needs the `channel`"):
         SlackParams.model_validate({"type": "slack", "token": {"env": "SLACK_TOKEN"}})
     (tmp_path / "hook").write_text("http://hooks.slack.com/services/x")
@@ -268,7 +270,7 @@ def test_bad_slack_configuration_says_what_is_wrong(tmp_path: Path, caplog: pyte
     with pytest.raises(ValueError, match="give an https:// URL"):
         SlackAction("oncall", params)
     params = SlackParams.model_validate(
-        {"type": "slack", "token": {"env": "NO_SUCH_VARIABLE_X"}, "channel": "C1"}
+        {"type": "slack", "token": {"env": "NO_SUCH_VARIABLE_X"}, "channel": "C0ONCALL"}
     )
     with pytest.raises(
         ValueError, match=r"actions.oncall.token: environment variable NO_SUCH_VARIABLE_X is not set"
