@@ -262,7 +262,9 @@ def test_bad_slack_configuration_says_what_is_wrong(tmp_path: Path, caplog: pyte
     with pytest.raises(ValidationError, match="give `token`"):
         SlackParams.model_validate({"type": "slack", "channel": "C0ONCALL"})
     with pytest.raises(ValidationError, match="give the channel's id"):
-        SlackParams.model_validate({"type": "slack", "token": {"env": "SLACK_TOKEN"}, "channel": "#ml-oncall"})
+        SlackParams.model_validate(
+            {"type": "slack", "token": {"env": "SLACK_TOKEN"}, "channel": "#ml-oncall"}
+        )
     with pytest.raises(ValidationError, match="needs the `channel`"):
         SlackParams.model_validate({"type": "slack", "token": {"env": "SLACK_TOKEN"}})
     (tmp_path / "hook").write_text("http://hooks.slack.com/services/x")
