@@ -32,7 +32,7 @@ the bare server is measured, and the table shows how much.
 
 Then specguard is stopped (SIGTERM) and its SQLite database is read: every delivery answered 2xx
 must be a row of ``deliveries`` and its new alerts rows of ``alert_receipts``. A 2xx delivery
-missing from the store fails the benchmark (exit 1). Targets (from the issue): at least half the
+missing from the store fails the benchmark (exit 1). Targets: at least half the
 bare throughput, p99 under 20 ms at the open-loop rate, every 2xx stored, none lost.
 
 Linux only (/proc, for CPU time). About 3 minutes with the defaults. Run:
