@@ -102,8 +102,8 @@ class Daemon:
         self._rebuilding: list[Receipt] | None = None  # receipts taken in while the book is rebuilt
         self.inbox = Inbox(self.store, self._acted_on)
         self._alert_queue: asyncio.Queue[list[Receipt]] = asyncio.Queue()
-        self._rule_locks: dict[str, asyncio.Lock] = {}
-        self._connections_peak = 0  # one evaluation of a rule at a time
+        self._rule_locks: dict[str, asyncio.Lock] = {}  # one evaluation of a rule at a time
+        self._connections_peak = 0  # the most connections the HTTP server held at once
         self.states: dict[str, dict[str, SeriesState]] = {}
         self.rule_errors: dict[str, str | None] = {}
         self.scheduler: AsyncIOScheduler | None = None
@@ -585,6 +585,18 @@ class Daemon:
                 log.warning(
                     "reload: webhook_path and webhook_max_body_size changes take effect after a restart"
                 )
+            if old.config.sources != new.config.sources or retention_for(old) != retention_for(new):
+                try:
+                    source = make_source(new.config, retention_for(new))
+                except ValueError as exc:  # e.g. the token file became unreadable since loading
+                    self.metrics.config_reloads.labels("failed").inc()
+                    log.error("reload failed: keeping the running configuration: %s", exc)
+                    return False
+                adopt = getattr(source, "adopt", None)
+                if adopt is not None and type(source) is type(self.source):
+                    adopt(self.source)  # targets kept across the reload keep their samples
+                await self.source.close()
+                self.source = source
             self.loaded = new
             await self._rebuild_book()
             self.dispatcher.actions = dict(new.actions)

@@ -11,6 +11,7 @@ from actions.base import Action, ActionContext, ActionParams, Outcome
 from daemon.loading import load
 from daemon.runtime import Daemon
 from daemon.sources.base import SourceResult
+from daemon.sources.scrape import ScrapeSource
 from rules.signals import Signal
 
 
@@ -209,3 +210,20 @@ async def test_a_store_that_cannot_write_freezes_states_says_so_once_and_recover
     assert counter(daemon, "specguard_store_errors_total") >= 3
     assert (after, recovered) == ("resolved", True)
     assert [e["kind"] for e in reversed(events)] == ["pending", "firing", "resolved"]  # none lost, none twice
+
+
+async def test_a_reload_that_changes_the_targets_scrapes_the_new_ones(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    path.write_text(path.read_text() + "sources: {scrape: {targets: [http://127.0.0.1:9/metrics]}}\n")
+    daemon = Daemon(load(path), path)
+    await daemon.start()
+    try:
+        first = daemon.source
+        assert isinstance(first, ScrapeSource) and first.targets == ("http://127.0.0.1:9/metrics",)
+        path.write_text(path.read_text().replace("127.0.0.1:9/", "127.0.0.1:7/"))
+        assert await daemon.reload() is True
+        assert isinstance(daemon.source, ScrapeSource)
+        assert daemon.source.targets == ("http://127.0.0.1:7/metrics",)
+        assert daemon.source is not first
+    finally:
+        await daemon.shutdown()
