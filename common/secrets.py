@@ -52,13 +52,6 @@ class SecretRef(BaseModel):
             raise ValueError("a credential is a plain name, as in LoadCredential=NAME:PATH")
         return self
 
-    def describe(self) -> str:
-        if self.file is not None:
-            return f"file {self.file}"
-        if self.credential is not None:
-            return f"credential {self.credential}"
-        return f"environment variable {self.env}"
-
     def read(self, what: str, environ: Mapping[str, str] | None = None) -> str:
         """The secret. Raises ValueError naming where it was looked for, never its value."""
         env = os.environ if environ is None else environ
@@ -77,6 +70,11 @@ class SecretRef(BaseModel):
         if value is None:
             raise ValueError(f"{what}: environment variable {self.env} is not set")
         return _checked(value.strip(), f"{what} in ${self.env}")
+
+
+def read_if_given(ref: SecretRef | None, what: str) -> str | None:
+    """``ref``'s secret, or None when no secret is configured. Raises ValueError as ``read``."""
+    return None if ref is None else ref.read(what)
 
 
 def bearer_matches(header: str, secret: str) -> bool:

@@ -784,7 +784,9 @@ def cmd_silence(args: argparse.Namespace) -> int:
         print(f"silence {result.id} ended: {_silence_line(result)}")
         return 0
     if args.format == "json":
-        print(json.dumps([item.shown() for item in result], indent=2))
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(item) for item in result], indent=2))
         return 0
     table = [("ID", "RULE", "MATCH", "ENDS (UTC)", "STATE", "AUTHOR", "REASON")]
     for item in result:

@@ -344,17 +344,6 @@ class Store:
 
         return await self._call(update)
 
-    async def memory(self, action: str | None = None) -> list[dict[str, Any]]:
-        """Every action's memory (or one action's), for the history and the status."""
-        sql = "SELECT action, key, value, updated FROM action_memory"
-        params: tuple[Any, ...] = ()
-        if action is not None:
-            sql, params = sql + " WHERE action=?", (action,)
-        rows = await self._call(lambda db: _rows(db, sql + " ORDER BY action, key", params))
-        for row in rows:
-            row["value"] = json.loads(row["value"])
-        return rows
-
     async def start_run(self, run_id: int) -> None:
         # Not synced on its own: losing it to a power cut loses an attempt count, nothing else
         # (the run is still pending, and runs again).

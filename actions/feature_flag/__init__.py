@@ -28,6 +28,7 @@ from actions.feature_flag.backends import (
     HttpParams,
 )
 from actions.feature_flag.canary import Canary, CanaryParams
+from common.secrets import read_if_given
 from rules.durations import Duration, format_duration
 
 STATE_KEY = "flag"
@@ -71,7 +72,7 @@ class FeatureFlagAction(Action):
         self.flag = params
         backend: Backend
         if params.http is not None:
-            token = params.http.token.read(f"actions.{name}.http.token") if params.http.token else None
+            token = read_if_given(params.http.token, f"actions.{name}.http.token")
             backend = HttpBackend(params.http, token)
             self._values = (params.http.engage, params.http.restore)
         else:
@@ -81,7 +82,7 @@ class FeatureFlagAction(Action):
         self.backend = backend
         self.canary: Canary | None = None
         if params.canary is not None:
-            token = params.canary.token.read(f"actions.{name}.canary.token") if params.canary.token else None
+            token = read_if_given(params.canary.token, f"actions.{name}.canary.token")
             self.canary = Canary(params.canary, token)
         # One change of this flag at a time: an engage must not slip in between a restore's
         # "no holder left" and its write.

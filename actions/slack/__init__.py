@@ -36,7 +36,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome, RunOutcome
 from actions.slack import message
-from common.secrets import SecretRef
+from common.secrets import SecretRef, read_if_given
 from rules.durations import Duration
 
 log = logging.getLogger("specguard.action.slack")
@@ -99,8 +99,8 @@ class SlackAction(Action):
         assert isinstance(params, SlackParams)
         self.slack = params
         where = f"actions.{name}"
-        self._token = params.token.read(f"{where}.token") if params.token else None
-        self._webhook = params.webhook_url.read(f"{where}.webhook_url") if params.webhook_url else None
+        self._token = read_if_given(params.token, f"{where}.token")
+        self._webhook = read_if_given(params.webhook_url, f"{where}.webhook_url")
         if self._webhook is not None and not _webhook_ok(self._webhook):
             raise ValueError(f"{where}.webhook_url: give an https:// URL (http:// only on loopback)")
         self.host = params.host or socket.gethostname()

@@ -17,7 +17,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -51,19 +51,6 @@ class Silence:
 
     def takes(self, rule: str, labels: Mapping[str, str]) -> bool:
         return fnmatch.fnmatchcase(rule, self.rule) and all_match(parse_matchers(self.match), labels)
-
-    def shown(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "rule": self.rule,
-            "match": self.match,
-            "starts": self.starts,
-            "ends": self.ends,
-            "reason": self.reason,
-            "author": self.author,
-            "created": self.created,
-            "expired": self.expired,
-        }
 
 
 def parse_match(items: Sequence[str]) -> dict[str, Any]:
@@ -178,27 +165,29 @@ def api_routes(
         secret = token()
         if secret is None or bearer_matches(request.headers.get("Authorization", ""), secret):
             return None
-        return _answer({"error": "missing or wrong bearer token"}, 401, {"WWW-Authenticate": "Bearer"})
+        return web.json_response(
+            {"error": "missing or wrong bearer token"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+        )
 
     async def get(request: web.Request) -> web.Response:
         everything = request.query.get("all", "") in ("1", "true", "yes")
         found = await call(partial(listed, now=time.time(), everything=everything))
-        return _answer({"silences": [item.shown() for item in found]})
+        return web.json_response({"silences": [asdict(item) for item in found]})
 
     async def post(request: web.Request) -> web.Response:
         denied = refused(request)
         if denied is not None:
             return denied
         if request.content_type != "application/json":
-            return _answer({"error": "send the silence as application/json"}, 415)
+            return web.json_response({"error": "send the silence as application/json"}, status=415)
         try:
             body = await request.json()
         except ValueError:
-            return _answer({"error": "the body is not JSON"}, 400)
+            return web.json_response({"error": "the body is not JSON"}, status=400)
         try:
             rule, match, duration, reason, author = _fields(body)
         except ValueError as exc:
-            return _answer({"error": str(exc)}, 400)
+            return web.json_response({"error": str(exc)}, status=400)
         now = time.time()
         try:
             made = await call(
@@ -206,9 +195,9 @@ def api_routes(
                         reason=reason, author=author, now=now)
             )  # fmt: skip
         except ValueError as exc:
-            return _answer({"error": str(exc)}, 400)
+            return web.json_response({"error": str(exc)}, status=400)
         log.warning("silence %d added by %s for %s: %s", made.id, author, rule, reason)
-        return _answer({"silence": made.shown()}, 201)
+        return web.json_response({"silence": asdict(made)}, status=201)
 
     async def delete(request: web.Request) -> web.Response:
         denied = refused(request)
@@ -217,12 +206,12 @@ def api_routes(
         try:
             silence_id = int(request.match_info["id"])
         except ValueError:
-            return _answer({"error": "a silence id is a number"}, 400)
+            return web.json_response({"error": "a silence id is a number"}, status=400)
         ended = await call(partial(expire, silence_id=silence_id, now=time.time()))
         if ended is None:
-            return _answer({"error": f"no silence {silence_id}"}, 404)
+            return web.json_response({"error": f"no silence {silence_id}"}, status=404)
         log.warning("silence %d expired over the API", silence_id)
-        return _answer({"silence": ended.shown()})
+        return web.json_response({"silence": asdict(ended)})
 
     return [
         web.get("/api/silences", get),
@@ -252,7 +241,3 @@ def _fields(body: Any) -> tuple[str, dict[str, Any], float, str, str]:
     except ValueError as exc:
         raise ValueError(f"for: {exc}") from None
     return rule, match, duration, reason, author
-
-
-def _answer(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(body, status=status, headers=headers)
