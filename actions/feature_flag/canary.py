@@ -38,6 +38,9 @@ class CanaryParams(BaseModel):
     requests: int = Field(4, ge=1, le=64)
     prompts: tuple[str, ...] = PROMPTS
     max_tokens: int = Field(64, ge=2, le=4096)
+    # Acceptance falls as sampling temperature rises: send the canary's requests at your traffic's
+    # usual temperature, or it measures the draft at its best.
+    temperature: float = Field(0.0, ge=0, le=2)
     model: str | None = None  # None: the first model /v1/models lists
     min_draft_tokens: int = Field(32, ge=1)  # fewer proposals than this say nothing either way
     timeout: Duration = Field(60.0, gt=0)  # for the whole probe
@@ -147,7 +150,7 @@ class Canary:
             "model": model,
             "prompt": p.prompts[index % len(p.prompts)],
             "max_tokens": p.max_tokens,
-            "temperature": 0.0,
+            "temperature": p.temperature,
         }
         async with session.post(p.url + "/v1/completions", json=request) as answer:
             if answer.status != 200:

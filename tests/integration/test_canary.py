@@ -103,3 +103,20 @@ async def test_a_restore_waits_for_the_canary(poor: Simulator, good: Simulator, 
         assert json.loads(flag.read_text()) == {"speculative": True}
     finally:
         await store.close()
+
+
+async def test_the_canary_sends_its_requests_at_the_configured_temperature() -> None:
+    # One draft, acceptance falling with temperature as a real one's does: judged at temperature
+    # 0 it passes, at a hot traffic's temperature it does not.
+    options = SimOptions(port=0, speculative=SpeculativeConfig("draft_model", "tiny-draft", 3),
+                         acceptance_by_position=[0.9], temperature_decay=1.2, step_time=0.002, seed=7)  # fmt: skip
+    sim = await start_simulator(options)
+    try:
+        cold = await Canary(CanaryParams(url=sim.url, min_acceptance=0.6), None).probe()
+        hot = await Canary(CanaryParams(url=sim.url, min_acceptance=0.6, temperature=1.5), None).probe()
+    finally:
+        await sim.stop()
+    assert cold.ok, cold.detail
+    assert not hot.ok and hot.acceptance is not None and hot.acceptance < 0.3, hot.detail
+    with pytest.raises(ValueError, match="temperature"):
+        CanaryParams(url=sim.url, min_acceptance=0.6, temperature=-0.1)
