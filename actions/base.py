@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -49,9 +49,15 @@ class ActionMemory(Protocol):
         """The value stored under ``key``, or None."""
         ...
 
-    async def update(self, key: str, change: Callable[[Any], Any]) -> Any:
+    async def update(
+        self,
+        key: str,
+        change: Callable[[Any], Any],
+        notes: Callable[[], Sequence[tuple[int, str]]] | None = None,
+    ) -> Any:
         """Store ``change(current)`` (current: None when there is none) and return it, as one
-        transaction: two updates never interleave."""
+        transaction: two updates never interleave. ``notes()``, called after ``change``, gives
+        lines for ``specguard history`` as (event id, text), written in the same transaction."""
         ...
 
 
@@ -70,6 +76,7 @@ class ActionContext:
     event_id: int | None = None
     series: str = ""  # the series' key, as the store spells it
     at: float | None = None  # when the event happened (unix time)
+    since: float | None = None  # a firing's: when the breach that fired it began
     memory: ActionMemory | None = None
     # What the event's other actions did before this one ran (for actions that tell of them).
     outcomes: tuple[RunOutcome, ...] = ()

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -414,11 +414,14 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _print_columns(table: Sequence[Sequence[str]]) -> None:
-    """Rows of cells in aligned columns, the first row the header."""
+def _print_columns(table: Sequence[Sequence[str]], below: Mapping[int, Sequence[str]] | None = None) -> None:
+    """Rows of cells in aligned columns, the first row the header; ``below[i]``: lines printed
+    under row i, from the second column on."""
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
+    for index, row in enumerate(table):
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        for line in (below or {}).get(index, ()):
+            print(" " * (widths[0] + 2) + line)
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
@@ -508,13 +511,19 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(json.dumps(events, indent=2))
         return 0
     table = [("TIME (UTC)", "RULE", "LABELS", "CHANGE", "TRIGGER", "ACTIONS")]
+    below: dict[int, list[str]] = {}
     for event in events:
         moment = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event["at"]))
         labels = ",".join(f"{k}={v}" for k, v in sorted(event["labels"].items())) or "-"
         runs = ", ".join(_run_cell(run) for run in event["runs"]) or "-"
         change = f"{event['previous']} -> {event['kind']}"
         table.append((moment, event["rule"], labels, change, event["trigger"], runs))
-    _print_columns(table)
+        # what the actions did later, in time order under the event: a Slack notice delivered
+        below[len(table) - 1] = [
+            f"{time.strftime('%H:%M:%S', time.gmtime(note['at']))} {note['action']}: {note['text']}"
+            for note in event["notes"]
+        ]
+    _print_columns(table, below)
     return 0
 
 

@@ -99,6 +99,7 @@ class Event:
     value: float | None
     threshold: float | None
     trigger: str = SCHEDULE
+    since: float | None = None  # a firing's: when the run of breaches that fired it began
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,7 @@ class _Stepper:
                 value,
                 threshold,
                 self.trigger,
+                series.breach_since if state is State.FIRING else None,
             )
         )
 

@@ -33,7 +33,7 @@ class StoreError(Exception):
     """The store cannot be read or written; the message names the file and the reason."""
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Columns each schema version added to a table, so an older database is brought up to date.
 _COLUMNS_SINCE = {
     2: (
@@ -43,6 +43,7 @@ _COLUMNS_SINCE = {
     ),
     3: (("events", "trigger TEXT NOT NULL DEFAULT 'schedule'"), ("series_state", "moved_by TEXT")),
     4: (("action_runs", "mode TEXT NOT NULL DEFAULT 'run'"), ("action_runs", "not_before REAL")),
+    5: (("events", "since REAL"),),
 }
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -58,7 +59,7 @@ CREATE TABLE IF NOT EXISTS events (
     series TEXT NOT NULL, labels TEXT NOT NULL, kind TEXT NOT NULL, previous TEXT NOT NULL,
     value REAL, threshold REAL, severity TEXT NOT NULL, summary TEXT NOT NULL,
     annotations TEXT NOT NULL, shadow INTEGER NOT NULL, dry_run INTEGER NOT NULL,
-    trigger TEXT NOT NULL DEFAULT 'schedule'
+    trigger TEXT NOT NULL DEFAULT 'schedule', since REAL
 );
 CREATE INDEX IF NOT EXISTS events_rule_at ON events (rule, at);
 CREATE TABLE IF NOT EXISTS action_runs (
@@ -80,6 +81,12 @@ CREATE TABLE IF NOT EXISTS action_memory (
     action TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY (action, key)
 );
+-- What an action did for an event after its run, told to history (a Slack notice delivered).
+CREATE TABLE IF NOT EXISTS action_notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
+    action TEXT NOT NULL, at REAL NOT NULL, text TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS action_notes_event ON action_notes (event_id);
 -- Alertmanager webhook deliveries (one row per accepted POST), and each alert state they brought,
 -- once: (fingerprint, status, starts_at) is the deduplication key across retries and restarts.
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -145,6 +152,7 @@ class ActionRun:
     severity: str
     summary: str
     annotations: dict[str, str]
+    since: float | None = None  # a firing's: when its breach began
 
 
 class Store:
@@ -326,9 +334,16 @@ class Store:
 
         return await self._call(read)
 
-    async def memory_update(self, action: str, key: str, change: Callable[[Any], Any]) -> Any:
+    async def memory_update(
+        self,
+        action: str,
+        key: str,
+        change: Callable[[Any], Any],
+        notes: Callable[[], Sequence[tuple[int, str]]] | None = None,
+    ) -> Any:
         """``change(current)`` stored as the action's value under ``key``, in one transaction on
-        the writer thread: no other update comes in between."""
+        the writer thread: no other update comes in between. ``notes()``, called after
+        ``change``, gives (event id, text) lines for history, written in the same transaction."""
 
         def update(db: sqlite3.Connection) -> Any:
             with transaction(db):
@@ -336,10 +351,18 @@ class Store:
                     "SELECT value FROM action_memory WHERE action=? AND key=?", (action, key)
                 ).fetchone()
                 value = change(None if row is None else json.loads(row["value"]))
+                now = time.time()
                 db.execute(
                     "INSERT OR REPLACE INTO action_memory (action, key, value, updated) VALUES (?,?,?,?)",
-                    (action, key, json.dumps(value), time.time()),
+                    (action, key, json.dumps(value), now),
                 )
+                for event_id, text in notes() if notes is not None else ():
+                    # a note naming an event this store does not have is dropped, not the update
+                    if db.execute("SELECT 1 FROM events WHERE id=?", (event_id,)).fetchone():
+                        db.execute(
+                            "INSERT INTO action_notes (event_id, action, at, text) VALUES (?,?,?,?)",
+                            (event_id, action, now, text),
+                        )
             return value
 
         return await self._call(update)
@@ -387,7 +410,8 @@ class Store:
         self, rule: str | None = None, limit: int = 50, since: float | None = None
     ) -> list[dict[str, Any]]:
         """The latest events (at or after ``since``), newest first, each with its action runs
-        (``runs``: action, mode, status, reason, detail) and the trigger that moved the rule."""
+        (``runs``: action, mode, status, reason, detail), what actions noted for it later (``notes``:
+        action, at, text: a Slack notice delivered) and the trigger that moved the rule."""
         return await self._call(lambda db: _history(db, rule, limit, since))
 
     async def action_runs(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -548,7 +572,7 @@ def _commit(
             e = record.event
             cursor = db.execute(
                 "INSERT INTO events (at, rule, series, labels, kind, previous, value, threshold, severity, "
-                "summary, annotations, shadow, dry_run, trigger) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "summary, annotations, shadow, dry_run, trigger, since) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     e.at,
                     e.rule,
@@ -564,6 +588,7 @@ def _commit(
                     int(record.shadow),
                     int(record.dry_run),
                     record.trigger,
+                    e.since,
                 ),
             )
             event_id = cursor.lastrowid
@@ -600,7 +625,7 @@ def _forget(db: sqlite3.Connection, keep: set[str]) -> int:
 def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None, now: float) -> list[ActionRun]:
     sql = (
         "SELECT r.id, r.event_id, r.action, r.status, r.attempts, r.mode, e.at, e.series, e.rule, e.kind, "
-        "e.labels, e.value, e.threshold, e.severity, e.summary, e.annotations FROM action_runs r "
+        "e.labels, e.value, e.threshold, e.severity, e.summary, e.annotations, e.since FROM action_runs r "
         "JOIN events e ON e.id = r.event_id WHERE (r.status = 'running' OR (r.status = 'pending' "
         "AND (r.not_before IS NULL OR r.not_before <= ?)))"
     )
@@ -629,6 +654,7 @@ def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None, now: float) -
             severity=row["severity"],
             summary=row["summary"],
             annotations=json.loads(row["annotations"]),
+            since=row["since"],
         )
         for row in db.execute(sql, params)
     ]
@@ -651,6 +677,7 @@ def _history(
 ) -> list[dict[str, Any]]:
     events = _events(db, rule, limit, since)
     runs: dict[int, list[dict[str, Any]]] = {event["id"]: [] for event in events}
+    notes: dict[int, list[dict[str, Any]]] = {event["id"]: [] for event in events}
     if runs:  # every run of these events in one query, not one per event
         marks = ",".join("?" * len(runs))
         for run in _rows(
@@ -660,8 +687,15 @@ def _history(
             tuple(runs),
         ):
             runs[run.pop("event_id")].append(run)
+        for note in _rows(
+            db,
+            f"SELECT event_id, action, at, text FROM action_notes WHERE event_id IN ({marks}) ORDER BY id",
+            tuple(runs),
+        ):
+            notes[note.pop("event_id")].append(note)
     for event in events:
         event["labels"] = json.loads(event["labels"])
         event["annotations"] = json.loads(event["annotations"])
         event["runs"] = runs[event["id"]]
+        event["notes"] = notes[event["id"]]
     return events

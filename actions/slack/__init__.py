@@ -127,10 +127,12 @@ class SlackAction(Action):
                     "threshold": ctx.threshold,
                     "summary": ctx.summary,
                     "fired_at": ctx.at or now,
+                    "since": ctx.since,  # the breach began
                     "annotations": dict(ctx.annotations),
                     "actions": [_outcome(o) for o in ctx.outcomes if o.action != self.name],
                     "channel": None,
                     "ts": None,
+                    "event_id": ctx.event_id,  # where history shows its deliveries
                 }
                 state["open"][key] = state["last"][key] = incident
                 said.append(_put(state, incident, "post", now + self.slack.group_wait))
@@ -144,8 +146,8 @@ class SlackAction(Action):
             if _queued_post(state, incident):
                 said.append("resolved before its firing was posted: one message says both")
                 return state
-            lasted = message.clock(ctx.at or now)
-            said.append(_put(state, incident, "reply", now, f"Resolved at {lasted}: {ctx.summary}"))
+            said.append(_put(state, incident, "reply", now, message.resolution(ctx.at or now, ctx.value,
+                                                                               ctx.threshold)))  # fmt: skip
             if self._token is not None:
                 _put(state, incident, "update", now)
             return state
@@ -203,6 +205,7 @@ class SlackAction(Action):
                 (bool(item.get("sending")) or not exc.unsent) and item["kind"] != "update",
             )
             log.warning("slack notice %d not delivered (%s); again in %.1fs", item["id"], why, wait)
+            first = item["attempts"] == 0  # history hears of the first failure, the log of each
             await memory.update(
                 STATE_KEY,
                 lambda s: _mark(
@@ -213,7 +216,9 @@ class SlackAction(Action):
                     error=why,
                     sending=sending,
                 ),
-            )
+                lambda: _note(incident, f"notice {item['id']} ({item['kind']}) not delivered yet: {why}; "
+                              "retrying") if first else [],
+            )  # fmt: skip
             return
 
         def done(s: dict[str, Any] | None) -> dict[str, Any]:
@@ -224,7 +229,16 @@ class SlackAction(Action):
                 record["channel"], record["ts"] = where
             return s
 
-        await memory.update(STATE_KEY, done)
+        if self._webhook is not None:
+            said = "posted through the incoming webhook" if item["kind"] != "update" else ""
+        elif item["kind"] == "post" and where is not None:
+            said = f"posted to {where[0]} (ts {where[1]})"
+        elif item["kind"] == "reply":
+            said = f"replied in the thread: {message.cut(item['text'], 80)}"
+        else:
+            said = "updated the thread's first message"
+        text = f"notice {item['id']} {said}"
+        await memory.update(STATE_KEY, done, lambda: _note(incident, text) if said else [])
         log.info(
             "slack notice %d (%s) delivered for %s", item["id"], item["kind"], item["incident"].split("|")[0]
         )
@@ -319,6 +333,12 @@ class SlackAction(Action):
                 )
                 return str(answer.get("channel") or channel), str(found["ts"])
         return None
+
+
+def _note(incident: dict[str, Any], text: str) -> list[tuple[int, str]]:
+    """A line for history under the firing that opened the incident."""
+    event_id = incident.get("event_id")
+    return [(int(event_id), text)] if event_id is not None else []
 
 
 def _outcome(o: RunOutcome) -> dict[str, Any]:

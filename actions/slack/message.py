@@ -40,8 +40,9 @@ def notice(
     incident: Mapping[str, Any], resolved: Mapping[str, Any] | None = None
 ) -> tuple[str, list[dict[str, Any]]]:
     """The incident's parent message: (fallback text, blocks). ``incident`` holds what the firing
-    said: rule, severity, host, labels, value, threshold, summary, fired_at, annotations and
-    ``actions`` (each action's outcome: name, detail, at); ``resolved`` (at, value) once resolved."""
+    said: rule, severity, host, labels, value, threshold, summary, fired_at, since (when the breach
+    began, or None), annotations and ``actions`` (each action's outcome: name, detail, at);
+    ``resolved`` (at, value) once resolved."""
     severity = str(incident.get("severity", "warning"))
     rule = str(incident["rule"])
     labels: Mapping[str, str] = incident.get("labels", {})
@@ -54,8 +55,14 @@ def notice(
         ("Model", str(labels.get("model_name") or labels.get("model") or "-")),
         ("Series", where),
         ("Value", f"{_number(incident.get('value'))} (threshold {_number(incident.get('threshold'))})"),
-        ("Fired at", clock(incident.get("fired_at"))),
     ]
+    fired, since = incident.get("fired_at"), incident.get("since")
+    if since is not None and fired is not None:
+        fields.append(
+            ("Breaching since", f"{clock(since)} (fired {_duration(float(fired) - float(since))} later)")
+        )
+    else:
+        fields.append(("Fired at", clock(fired)))
     if resolved:
         lasted = float(resolved["at"]) - float(incident.get("fired_at") or resolved["at"])
         fields.append(("Resolved at", f"{clock(resolved['at'])}, after {_duration(lasted)}"))
@@ -78,11 +85,13 @@ def notice(
     ]
     outcomes: Sequence[Mapping[str, Any]] = incident.get("actions", ())
     if outcomes:
+        # how long after the breach began (the drop), or after the firing when that is not known
+        start, after = (since, "the breach began") if since is not None else (fired, "firing")
         lines = [
             f"• *{_escape(str(o['name']))}* at {clock(o.get('at'))}"
             + (
-                f" ({_duration(float(o['at']) - float(incident['fired_at']))} after firing)"
-                if o.get("at") and incident.get("fired_at")
+                f" ({_duration(float(o['at']) - float(start))} after {after})"
+                if o.get("at") and start
                 else ""
             )
             + f": {_escape(str(o['detail']))}"
@@ -106,6 +115,13 @@ def notice(
         )
     text = f"[{state}] {severity.upper()} {rule} on {where}: {incident.get('summary', '')}"
     return cut(text, TEXT_MAX), blocks[:BLOCKS_MAX]
+
+
+def resolution(at: float, value: float | None, threshold: float | None) -> str:
+    """The resolution's reply. Not the rule's summary: that is worded for a breach."""
+    if value is None:
+        return f"Resolved at {clock(at)}: no data to judge (the rule resolves on no data)"
+    return f"Resolved at {clock(at)}: value {_number(value)}, threshold {_number(threshold)}"
 
 
 def reply(text: str) -> tuple[str, list[dict[str, Any]]]:

@@ -227,6 +227,7 @@ class Dispatcher:
             event_id=run.event_id,
             series=run.series,
             at=run.at,
+            since=run.since,
             memory=StoreMemory(self.store, run.action),
             outcomes=tuple(await self._outcomes(run.event_id)) if action.observes else (),
         )
@@ -258,6 +259,8 @@ class Dispatcher:
                 detail,
             )
             self._due.set()
+            for observer in self.on_run:
+                observer(run, "retry", detail)
             return
         await self.store.finish_run(run.id, status, detail)
         self.metrics.action_runs.labels(run.action, status).inc()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from daemon.store import Store
@@ -18,5 +18,10 @@ class StoreMemory:
     async def read(self, key: str) -> Any:
         return await self.store.memory_read(self.action, key)
 
-    async def update(self, key: str, change: Callable[[Any], Any]) -> Any:
-        return await self.store.memory_update(self.action, key, change)
+    async def update(
+        self,
+        key: str,
+        change: Callable[[Any], Any],
+        notes: Callable[[], Sequence[tuple[int, str]]] | None = None,
+    ) -> Any:
+        return await self.store.memory_update(self.action, key, change, notes)

@@ -1,20 +1,24 @@
 """A `specguard run` killed (SIGKILL) while Slack is down, its notice queued and tried: after the
 restart, with Slack back, the notice is posted once. The daemon scrapes a simulated vLLM whose
-acceptance collapses under hot traffic; Slack is the loopback Web API of tests/slack_api.py."""
+acceptance collapses under hot traffic; Slack is the loopback Web API of sim/slack_api.py."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import start_simulator
+from sim.slack_api import TOKEN, Fault, running
 from sim.traffic import Traffic
 from tests.alert_pipeline import free_port
 from tests.processes import Daemon
-from tests.slack_api import TOKEN, Fault, running
 
 RULES = """\
 rules:
@@ -79,6 +83,25 @@ async def test_a_notice_queued_before_a_kill_is_posted_once_after_the_restart(tm
             # before posting again it looked: a try before the kill might have reached Slack
             names = [name for name, _, _ in slack.calls]
             assert names.index("conversations.history") < len(names) - 1
+            # history tells it under the firing: the first failed try, then the delivery
+            shown = subprocess.run(
+                [sys.executable, "-m", "daemon", "history", "--config", str(tmp_path / "specguard.yaml"),
+                 "--rule", "acceptance_low", "--format", "json"],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            firing = [e for e in json.loads(shown.stdout) if e["kind"] == "firing"]
+            assert len(firing) == 1, shown.stdout
+            notes = [(n["action"], n["text"]) for n in firing[0]["notes"]]
+            assert notes == [
+                ("oncall", "notice 1 (post) not delivered yet: 500 internal_error; retrying"),
+                ("oncall", f"notice 1 posted to C0ONCALL (ts {posted['ts']})"),
+            ], notes
+            table = subprocess.run(
+                [sys.executable, "-m", "daemon", "history", "--config", str(tmp_path / "specguard.yaml")],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            assert re.search(rf"^ +\d\d:\d\d:\d\d oncall: notice 1 posted to C0ONCALL \(ts {re.escape(posted['ts'])}\)$",
+                             table, re.M), table  # fmt: skip
     finally:
         await traffic.stop()
         await sim.stop()

@@ -213,7 +213,7 @@ async def test_a_database_from_the_previous_version_is_upgraded_and_keeps_its_st
     finally:
         await store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
 
 
 V2_EVENTS = """
@@ -278,7 +278,7 @@ async def test_a_run_left_pending_by_version_3_is_carried_out_after_the_upgrade(
         (run,) = await store.runs_to_do()
         assert (run.action, run.mode, run.status) == ("rec", "run", "pending")
         await dispatcher(store).run()
-        assert [ctx.rule for ctx in Recording.calls] == ["low"]
+        assert [(ctx.rule, ctx.since) for ctx in Recording.calls] == [("low", None)]  # no breach start then
         assert await store.runs_to_do() == []
     finally:
         await store.close()

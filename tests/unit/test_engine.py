@@ -84,6 +84,8 @@ def test_a_breach_with_for_goes_pending_then_fires_once_for_has_elapsed() -> Non
     event = fired.events[0]
     assert (event.rule, event.series, dict(event.labels)) == ("acceptance_low", KEY_A, A)
     assert (event.at, event.value, event.threshold) == (60, LOW, THRESHOLD)
+    assert event.since == 0  # the firing tells when its breach began (the message says "since")
+    assert first.events[0].since is None  # only a firing does
     assert clock.states[KEY_A].since == 60
 
 

@@ -231,3 +231,22 @@ async def test_a_refused_restore_is_tried_again_later_and_survives_a_restart(tmp
         assert (rows[1]["status"], rows[1]["attempts"]) == ("ok", 2)
     finally:
         await store.close()
+
+
+async def test_notes_an_action_keeps_with_its_memory_are_shown_under_their_event(store: Store) -> None:
+    d = dispatcher(store)
+    await commit(store, d, rule(), event(State.FIRING, time.time()))
+    (fired,) = await store.history()
+    assert fired["notes"] == []
+
+    value = await store.memory_update(
+        "tell",
+        "outbox",
+        lambda v: {"sent": 1},
+        lambda: [(fired["id"], "notice 1 posted"), (fired["id"] + 99, "x")],
+    )
+    assert value == {"sent": 1}  # a note for an event the store does not have is dropped, not the update
+    assert await store.memory_read("tell", "outbox") == {"sent": 1}
+    (shown,) = await store.history()
+    assert [(n["action"], n["text"]) for n in shown["notes"]] == [("tell", "notice 1 posted")]
+    assert shown["notes"][0]["at"] >= fired["at"]

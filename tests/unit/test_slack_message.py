@@ -44,3 +44,27 @@ def test_a_resolved_incident_says_when_and_after_how_long() -> None:
     assert blocks[0]["text"]["text"] == "RESOLVED · CRITICAL · acceptance_low"
     fields = [f["text"] for f in blocks[2]["fields"]]
     assert any(f.startswith("*Resolved at*") and f.endswith("after 1 h 2 min") for f in fields), fields
+
+
+def test_the_resolution_reply_says_what_resolved_it() -> None:
+    at = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+    assert message.resolution(at, 0.7234, 0.4) == "Resolved at 08:00:00 UTC: value 0.7234, threshold 0.4"
+    # resolved on no data (traffic moved away): said so, not "acceptance - below 0.4"
+    assert message.resolution(at, None, 0.4) == (
+        "Resolved at 08:00:00 UTC: no data to judge (the rule resolves on no data)"
+    )
+
+
+def test_the_message_says_since_when_and_how_long_after_the_drop_each_action_came() -> None:
+    fired = 1_800_000_000.0  # 08:00:00 UTC; the breach began 30 s before
+    _, blocks = message.notice(
+        incident(rule="acceptance_fallback", fired_at=fired, since=fired - 30,
+                 actions=[{"name": "fallback", "detail": "ok: fallback engaged", "at": fired + 11}])
+    )  # fmt: skip
+    fields = [f["text"] for f in blocks[2]["fields"]]
+    assert "*Breaching since*\n07:59:30 UTC (fired 30 s later)" in fields, fields
+    assert not any(f.startswith("*Fired at*") for f in fields)
+    assert (
+        "• *fallback* at 08:00:11 UTC (41 s after the breach began): ok: fallback engaged"
+        in blocks[3]["text"]["text"]
+    )

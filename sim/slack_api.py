@@ -1,4 +1,4 @@
-"""A Slack Web API on loopback for tests: the methods specguard's ``slack`` action calls
+"""A Slack Web API on loopback, for the tests and the demo: the methods specguard's ``slack`` action calls
 (``chat.postMessage``, ``chat.update``, ``conversations.history``, ``conversations.replies``) and an
 incoming webhook, as Slack answers them (``{"ok": ...}`` bodies, bearer tokens, message metadata,
 threads), with faults to stage: 429 with ``Retry-After``, 5xx, a dropped connection, an answer slower
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +33,13 @@ class SlackApi:
     calls: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list)  # (method, when, body)
     faults: list[Fault] = field(default_factory=list)  # applied to the next calls, one each
     webhook_posts: list[dict[str, Any]] = field(default_factory=list)
+    # called with ("post" | "update", the message as stored) once a message is stored or edited
+    listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
     _clock: int = 0
+
+    def tell(self, kind: str, stored: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            listener(kind, stored)
 
     def posted(self) -> list[dict[str, Any]]:
         return [m for m in self.messages if m.get("via") == "api"]
@@ -121,12 +127,16 @@ def _answer(api: SlackApi, name: str, body: dict[str, Any]) -> dict[str, Any]:
             "edits": 0,
         }
         api.messages.append(stored)
+        api.tell("post", stored)
         return {"ok": True, "channel": stored["channel"], "ts": stored["ts"], "message": stored}
     if name == "chat.update":
         for stored in api.messages:
             if stored.get("ts") == body.get("ts") and stored.get("channel") == body.get("channel"):
-                stored["text"], stored["blocks"] = body.get("text"), body.get("blocks")
+                blocks = body.get("blocks")
+                stored["text"] = body.get("text")
+                stored["blocks"] = json.loads(blocks) if isinstance(blocks, str) else blocks
                 stored["edits"] += 1
+                api.tell("update", stored)
                 return {"ok": True, "channel": stored["channel"], "ts": stored["ts"]}
         return {"ok": False, "error": "message_not_found"}
     if name in ("conversations.history", "conversations.replies"):
