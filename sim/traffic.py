@@ -1,7 +1,9 @@
 """A small load generator: concurrent streaming chat requests against a vLLM-compatible server.
 
 The demo uses it to keep the simulator busy; its sampling temperature can change while it runs,
-which is how a real server's acceptance collapses (traffic moving to a high temperature).
+which is how a real server's acceptance collapses (traffic moving to a high temperature). With a
+``route``, each request asks it which server to go to, as a router reading a feature flag does, and
+the latency each request took, as its client saw it, is kept with the server that answered.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -22,6 +27,17 @@ class TrafficStats:
     requests: int = 0
     tokens: int = 0
     errors: int = 0
+    by_server: Counter[str] = field(default_factory=Counter)  # requests answered, per base URL
+
+
+@dataclass(frozen=True)
+class Served:
+    """One request as its client saw it."""
+
+    finished: float  # time.monotonic()
+    seconds: float
+    server: str  # the base URL that answered
+    tokens: int
 
 
 class Traffic:
@@ -32,13 +48,16 @@ class Traffic:
         concurrency: int = 4,
         max_tokens: int = 48,
         temperature: float = 0.0,
+        route: Callable[[], str] | None = None,
     ):
-        self.url = url.rstrip("/") + "/v1/chat/completions"
+        self.base = url.rstrip("/")
+        self.route = route  # the base URL for each request; None: always ``url``
         self.model = model
         self.concurrency = concurrency
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.stats = TrafficStats()
+        self.served: deque[Served] = deque(maxlen=5000)
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -61,15 +80,29 @@ class Traffic:
         while True:
             try:
                 # not `+= await ...`: that reads the total before the await and loses other workers' tokens
-                tokens = await self.one_request(f"request {self.stats.requests} from worker {index}")
+                server = self.route() if self.route is not None else self.base
+                started = time.monotonic()
+                tokens = await self.one_request(f"request {self.stats.requests} from worker {index}", server)
+                finished = time.monotonic()
+                self.served.append(Served(finished, finished - started, server, tokens))
                 self.stats.tokens += tokens
                 self.stats.requests += 1
+                self.stats.by_server[server] += 1
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 self.stats.errors += 1
                 log.debug("traffic request failed: %s", exc)
                 await asyncio.sleep(0.5)  # the server is down or restarting: do not spin
 
-    async def one_request(self, prompt: str) -> int:
+    def latency(self, since: float, until: float | None = None, quantile: float = 0.95) -> float | None:
+        """The ``quantile`` of the latencies of requests finished in [since, until) (monotonic)."""
+        values = sorted(
+            s.seconds for s in self.served if s.finished >= since and (until is None or s.finished < until)
+        )
+        if not values:
+            return None
+        return values[min(len(values) - 1, int(quantile * len(values)))]
+
+    async def one_request(self, prompt: str, server: str | None = None) -> int:
         """Send one streaming request; returns the completion tokens the server reported."""
         assert self._session is not None
         body = {
@@ -81,7 +114,8 @@ class Traffic:
             "stream_options": {"include_usage": True},
         }
         completion = 0
-        async with self._session.post(self.url, json=body) as response:
+        url = (server or self.base) + "/v1/chat/completions"
+        async with self._session.post(url, json=body) as response:
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}: {(await response.text())[:200]}")
             async for raw in response.content:
