@@ -114,6 +114,9 @@ class Action(ABC):
     changes_world: ClassVar[bool] = False
     # Whether it wants to hear how the other actions' runs ended (``observe``, ``ctx.outcomes``).
     observes: ClassVar[bool] = False
+    # Whether a run may take minutes (a restart): the dispatcher then carries it out beside the
+    # rest, so that nothing else (an evaluation, a notice, the daemon's start) waits for it.
+    long_running: ClassVar[bool] = False
 
     def __init__(self, name: str, params: ActionParams):
         """Raises ValueError when the action cannot be set up (a secret it cannot read)."""
@@ -123,6 +126,11 @@ class Action(ABC):
     @property
     def timeout(self) -> float:
         return self.params.timeout
+
+    @property
+    def restores(self) -> bool:
+        """Whether a resolution calls ``restore`` (after ``restore_delay``)."""
+        return self.changes_world
 
     @property
     def restore_delay(self) -> float:

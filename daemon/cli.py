@@ -666,7 +666,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_rules(loaded: Any, output: Path | None) -> int:
-    from daemon.export.prometheus_rules import export_rules, write_atomically
+    from common.files import write_atomically
+    from daemon.export.prometheus_rules import export_rules
 
     result = export_rules(loaded, __version__)
     for warning in result.warnings:
@@ -675,7 +676,7 @@ def _export_rules(loaded: Any, output: Path | None) -> int:
         sys.stdout.write(result.text)
         return 0
     try:
-        write_atomically(output, result.text)
+        write_atomically(output, result.text, keep_previous=False)  # a rules glob would load a .prev
     except OSError as exc:
         print(f"specguard export: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
         return 1

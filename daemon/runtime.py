@@ -218,6 +218,7 @@ class Daemon:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.dispatcher.stop()  # a restart under way is resumed from its journal next time
         if self._site_runner is not None:
             await self._site_runner.cleanup()
         await self.source.close()

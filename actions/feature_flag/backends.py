@@ -5,25 +5,22 @@ went; the action around it decides when."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
-import tempfile
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 import aiohttp
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from common.commands import QUOTE, CommandError, run_command
+from common.files import read_or_none, write_atomically
 from common.paths import ConfigPath
 from common.secrets import SecretRef
 from rules.durations import Duration
 
 # A body or reason quoted in an outcome is cut to this many characters.
-QUOTE = 200
 # The most a retry waits, however many came before it.
 MAX_BACKOFF = 30.0
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -185,38 +182,6 @@ def _env_text(item: Any) -> str:
     return "" if item is None else str(item)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a part:
-    a temporary file in the same directory, synced, renamed over, the directory synced. The file
-    that was there is kept as ``PATH.prev`` (a hard link, so it is never missing either)."""
-    directory = path.parent
-    mode = 0o644
-    with contextlib.suppress(FileNotFoundError):
-        mode = path.stat().st_mode & 0o777
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fchmod(out.fileno(), mode)
-            os.fsync(out.fileno())
-        previous = path.with_name(path.name + ".prev")
-        if path.exists():
-            with contextlib.suppress(FileNotFoundError):
-                previous.unlink()
-            os.link(path, previous)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class FileBackend:
     def __init__(self, params: FileParams) -> None:
         self.params = params
@@ -225,7 +190,7 @@ class FileBackend:
         p = self.params
         text = render(p.kind, value)
         try:
-            current = await asyncio.to_thread(_read_or_none, p.path)
+            current = await asyncio.to_thread(read_or_none, p.path)
             if current != text:
                 await asyncio.to_thread(write_atomically, p.path, text)
                 done = f"wrote {p.path}"
@@ -235,41 +200,7 @@ class FileBackend:
             raise BackendError(f"{what}: cannot write {p.path}: {exc.strerror or exc}") from None
         if p.reload is None:
             return done
-        return f"{done}; {await run_command(p.reload, p.reload_timeout, what)}"
-
-
-def _read_or_none(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except UnicodeDecodeError:
-        return None
-
-
-async def run_command(argv: Sequence[str], timeout: float, what: str) -> str:
-    """Run ``argv`` (no shell); returns a line saying so. Raises BackendError with its exit status
-    and the end of its output when it fails or outlives ``timeout``."""
-    shown = " ".join(argv)
-    try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    except OSError as exc:
-        raise BackendError(f"{what}: cannot run {shown}: {exc.strerror or exc}") from None
-    try:
-        async with asyncio.timeout(timeout):
-            output, _ = await process.communicate()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise BackendError(f"{what}: {shown} did not finish within {timeout:g}s; killed") from None
-    if process.returncode != 0:
-        tail = output.decode("utf-8", "replace").strip()[-QUOTE:]
-        raise BackendError(
-            f"{what}: {shown} exited with {process.returncode}" + (f": {tail}" if tail else "")
-        )
-    return f"ran {shown}"
+        try:
+            return f"{done}; {await run_command(p.reload, p.reload_timeout, what)}"
+        except CommandError as exc:
+            raise BackendError(str(exc)) from None

@@ -80,6 +80,8 @@ class Dispatcher:
         # the event loop by the next run() (called once the events are stored).
         self._held: list[tuple[Event, PlannedRun]] = []
         self._next_tick: float | None = None  # when an action next has work of its own
+        self._aside: set[asyncio.Task[None]] = set()  # long runs, carried out beside the rest
+        self._ticking: set[str] = set()  # long-running actions whose tick is under way aside
 
     @property
     def guard(self) -> Guard:
@@ -108,7 +110,7 @@ class Dispatcher:
         if event.kind in ACTIONABLE:
             for name in item.rule.actions:
                 action = self.actions.get(name)
-                restore = event.kind is State.RESOLVED and action is not None and action.changes_world
+                restore = event.kind is State.RESOLVED and action is not None and action.restores
                 mode = "restore" if restore else "run"
                 not_before = event.at + action.restore_delay if restore and action is not None else None
                 if item.rule.shadow:
@@ -143,16 +145,50 @@ class Dispatcher:
             if run.id in self._in_flight:
                 continue  # carried out by another caller right now
             self._in_flight.add(run.id)
+            action = self.actions.get(run.action)
+            if action is not None and action.long_running:
+                task = asyncio.get_running_loop().create_task(self._run_aside(run))
+                self._aside.add(task)
+                task.add_done_callback(self._aside.discard)
+                continue
             try:
                 await self._run_one(run)
             finally:
                 self._in_flight.discard(run.id)
         self._due.set()  # restores may have been recorded, or put off: the waiting changes
 
+    async def _run_aside(self, run: ActionRun) -> None:
+        try:
+            await self._run_one(run)
+        finally:
+            self._in_flight.discard(run.id)
+            self._due.set()
+
+    async def settle(self) -> None:
+        """Wait for the long runs carried out aside (tests, the demo)."""
+        while self._aside:
+            await asyncio.wait(set(self._aside))
+
+    async def stop(self) -> None:
+        """Cancel the long runs carried out aside: they stay 'running' in the store and are
+        carried out again (the action resumes its journal) at the next start."""
+        for task in list(self._aside):
+            task.cancel()
+        for task in list(self._aside):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
     async def tick(self) -> None:
         """Each action's own due work (a Slack outbox); notes when the next is due."""
         upcoming: list[float] = []
         for name, action in list(self.actions.items()):
+            if action.long_running:  # its own work may take minutes (resuming a restart): aside
+                if name not in self._ticking:
+                    self._ticking.add(name)
+                    task = asyncio.get_running_loop().create_task(self._tick_aside(name, action))
+                    self._aside.add(task)
+                    task.add_done_callback(self._aside.discard)
+                continue
             try:
                 async with asyncio.timeout(action.timeout):
                     due = await action.tick(StoreMemory(self.store, name))
@@ -162,6 +198,15 @@ class Dispatcher:
             if due is not None:
                 upcoming.append(due)
         self._next_tick = min(upcoming, default=None)
+
+    async def _tick_aside(self, name: str, action: Action) -> None:
+        try:
+            async with asyncio.timeout(action.timeout):
+                await action.tick(StoreMemory(self.store, name))
+        except Exception:
+            log.exception("action %s: its own work failed", name)
+        finally:
+            self._ticking.discard(name)
 
     def _changed_world(self, name: str) -> bool:
         action = self.actions.get(name)

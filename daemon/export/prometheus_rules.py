@@ -26,10 +26,8 @@ template action is escaped.
 from __future__ import annotations
 
 import math
-import os
 import re
 import string
-import tempfile
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -541,38 +539,3 @@ def _render(
             dumped = yaml.safe_dump([exported.body], sort_keys=False, width=2**31 - 1, allow_unicode=True)
             lines.extend(f"      {line}" for line in dumped.splitlines())
     return "\n".join(lines) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader (Prometheus reloading) sees the old file or the
-    new one, never half of one: a temporary file beside it, flushed to disk, renamed over it.
-    Raises OSError."""
-    directory = path.parent
-    mode = path.stat().st_mode & 0o777 if path.exists() else _default_mode()
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, mode)  # mkstemp's 0600 would keep Prometheus (another user) out
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    try:  # the rename itself is durable once the directory is synced
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
-def _default_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask

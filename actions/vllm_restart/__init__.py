@@ -1,0 +1,425 @@
+"""The ``vllm_restart`` action: fewer speculative tokens, one rung of a ladder at a time.
+
+Each firing steps one rung down the ``ladder`` (e.g. ``[5, 3, 1, 0]``; 0 is speculative decoding
+off): the new config is written where vLLM reads it (an environment file, or vLLM's own YAML
+``--config`` file edited in place), vLLM is restarted (``systemctl restart UNIT`` or a command),
+and the change is verified: ``/health`` answers 200 within ``health_timeout`` and, after a few
+requests, ``/metrics`` counts exactly the new number of draft positions (none when off). A change
+that fails is rolled back: the previous file, another restart, the old k verified.
+
+Stepping up is explicit (``specguard ladder up``), or, with ``step_up_after``, one rung once the
+rule has stayed resolved that long. Every step is journaled in the store before it is taken: a
+daemon that dies mid-restart finds the unfinished change when it starts again and completes the
+verification, or rolls back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Outcome
+from actions.vllm_restart import speculative
+from actions.vllm_restart.server import NotReady, Server
+from common.commands import CommandError, run_command
+from common.files import read_or_none, write_atomically
+from common.paths import ConfigPath
+from common.secrets import SecretRef, read_if_given
+from rules.durations import Duration
+
+log = logging.getLogger("specguard.action.vllm_restart")
+
+STATE_KEY = "ladder"
+KEEP_DONE = 50  # outcomes remembered per firing (a run repeated after a crash answers from here)
+KEEP_LOG = 200  # rung changes kept for `specguard ladder show`
+# One change of a vLLM at a time, per action name, across config reloads (which build new instances).
+_LOCKS: dict[str, asyncio.Lock] = {}
+
+
+class EnvFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: ConfigPath  # e.g. /var/lib/specguard/vllm/speculative.env, the unit's EnvironmentFile
+
+
+class VllmConfigFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: ConfigPath  # the file vLLM is started with: --config PATH (.yaml or .yml)
+
+    @field_validator("path")
+    @classmethod
+    def _yaml(cls, value: Any) -> Any:
+        if not str(value).endswith((".yaml", ".yml")):
+            raise ValueError("vLLM reads a --config file only when its name ends in .yaml or .yml")
+        return value
+
+
+class VllmRestartParams(ActionParams):
+    type: Literal["vllm_restart"] = "vllm_restart"
+    timeout: Duration = Field(1800.0, gt=0)  # a whole step: restart, verification, rollback
+    cooldown: Duration = Field(600.0, ge=0)
+    budget: Budget | None = Budget(runs=2, per=3600.0)
+    ladder: tuple[int, ...]
+    url: str = "http://127.0.0.1:8000"  # the vLLM server: /health, /version, /metrics
+    env_file: EnvFile | None = None
+    vllm_config: VllmConfigFile | None = None
+    unit: str | None = None  # systemctl --no-ask-password restart UNIT
+    command: tuple[str, ...] | None = None  # ... or this argument list, run without a shell
+    command_timeout: Duration = Field(120.0, gt=0)
+    health_timeout: Duration = Field(600.0, gt=0)  # model loading included
+    verify_requests: int = Field(4, ge=1, le=64)
+    verify_max_tokens: int = Field(16, ge=2, le=1024)
+    model: str | None = None  # for the verification's requests; default: the first of /v1/models
+    token: SecretRef | None = None  # vLLM's --api-key
+    step_up_after: Duration | None = Field(None, gt=0)  # resolved this long: one rung up
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if len(value) < 2:
+            raise ValueError("give at least two rungs, e.g. [5, 3, 1, 0]")
+        if any(k < 0 for k in value) or list(value) != sorted(set(value), reverse=True):
+            raise ValueError(
+                "rungs are numbers of speculative tokens >= 0, from the most down, e.g. [5, 3, 1, 0]"
+            )
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("give the vLLM server's http:// or https:// base URL")
+        return value.rstrip("/")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("give the command as a list of arguments; it is run without a shell")
+        if value is not None and not value:
+            raise ValueError("an empty command: give its arguments, or use `unit`")
+        return value
+
+    @model_validator(mode="after")
+    def _one_each(self) -> VllmRestartParams:
+        if (self.env_file is None) == (self.vllm_config is None):
+            raise ValueError("say where vLLM reads its speculative config: `env_file` or `vllm_config`, one")
+        if (self.unit is None) == (self.command is None):
+            raise ValueError("say how vLLM is restarted: `unit` (systemctl) or `command`, one")
+        return self
+
+
+def _empty() -> dict[str, Any]:
+    # good: the file's text and k last verified running (what a failed change rolls back to)
+    return {"base": None, "k": None, "version": None, "good": None, "change": None, "done": {}, "log": []}
+
+
+class VllmRestartAction(Action):
+    type = "vllm_restart"
+    Params = VllmRestartParams
+    changes_world = True
+    long_running = True
+
+    def __init__(self, name: str, params: ActionParams) -> None:
+        super().__init__(name, params)
+        assert isinstance(params, VllmRestartParams)
+        self.p = params
+        self.server = Server(params.url, read_if_given(params.token, f"actions.{name}.token"))
+        self.path = params.env_file.path if params.env_file is not None else params.vllm_config.path  # type: ignore[union-attr]
+        self.restart_argv = (
+            ("systemctl", "--no-ask-password", "restart", params.unit)
+            if params.unit is not None
+            else tuple(params.command or ())
+        )
+        self._lock = _LOCKS.setdefault(name, asyncio.Lock())
+
+    @property
+    def restores(self) -> bool:
+        return self.p.step_up_after is not None
+
+    @property
+    def restore_delay(self) -> float:
+        return self.p.step_up_after or 0.0
+
+    # --- the rule's side: a firing steps down, a long enough resolution steps up -----------------
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        return await self._for_event(ctx, "down")
+
+    async def restore(self, ctx: ActionContext) -> Outcome:
+        if self.p.step_up_after is None:
+            return Outcome(True, "stepping up is by hand: specguard ladder up")
+        return await self._for_event(ctx, "up")
+
+    async def _for_event(self, ctx: ActionContext, way: str) -> Outcome:
+        memory = self.memory(ctx)
+        key = f"{ctx.event_id}:{way}"
+        async with self._lock:
+            state = await memory.read(STATE_KEY) or _empty()
+            if key in state["done"]:  # carried out before a crash: the same answer, nothing again
+                ok, detail = state["done"][key]
+                return Outcome(ok, detail)
+            change = state["change"]
+            if change is not None:
+                resumed = await self._resume(memory, change)
+                if change["event_id"] == ctx.event_id and change.get("way") == way:
+                    return resumed  # this very run, cut short by a stop: completed now
+            current = await self._current(memory)
+            target = self._below(current) if way == "down" else self._above(current)
+            if target is None:
+                where = "bottom" if way == "down" else "top"
+                outcome = Outcome(True, f"k={current} is the ladder's {where} rung: nothing to change")
+            else:
+                why = f"{ctx.rule} {'firing' if way == 'down' else f'resolved for {self.restore_delay:g}s'}"
+                outcome = await self._change(memory, current, target, why, ctx.event_id, way)
+            await memory.update(STATE_KEY, lambda s: _done(s, key, outcome))
+            return outcome
+
+    # --- by hand: `specguard ladder` --------------------------------------------------------------
+
+    async def step(self, memory: ActionMemory, to: str | int, who: str) -> Outcome:
+        """``to``: "up", "down" or a rung; the change made by hand (over the daemon's API)."""
+        async with self._lock:
+            state = await memory.read(STATE_KEY) or _empty()
+            if state["change"] is not None:
+                await self._resume(memory, state["change"])
+            current = await self._current(memory)
+            if to == "up":
+                target = self._above(current)
+            elif to == "down":
+                target = self._below(current)
+            else:
+                target = int(to)
+                if target not in self.p.ladder:
+                    return Outcome(False, f"k={target} is not a rung of the ladder {list(self.p.ladder)}")
+            if target is None or target == current:
+                return Outcome(True, f"already at k={current}: nothing to change")
+            way = "up" if target > current else "down"
+            return await self._change(memory, current, target, f"by hand ({who})", None, way)
+
+    async def show(self, memory: ActionMemory) -> dict[str, Any]:
+        state = await memory.read(STATE_KEY) or _empty()
+        try:
+            in_file = self._read_config(read_or_none(self.path))
+            file_k: int | str | None = int(in_file.get(speculative.K, 0)) if in_file else 0
+        except speculative.ConfigError as exc:
+            file_k = f"unreadable: {exc}"
+        return {
+            "action": self.name,
+            "ladder": list(self.p.ladder),
+            "k": state["k"] if state["k"] is not None else file_k,
+            "file": str(self.path),
+            "file_k": file_k,
+            "change": state["change"],
+            "log": state["log"],
+        }
+
+    # --- a daemon that died mid-change ---------------------------------------------------------
+
+    async def tick(self, memory: ActionMemory) -> float | None:
+        """An unfinished change in the store (the daemon stopped mid-restart): complete it. (A
+        long-running action's tick is carried out aside: it may take minutes.)"""
+        state = await memory.read(STATE_KEY)
+        if not state or not state.get("change") or self._lock.locked():
+            return None
+        async with self._lock:
+            fresh = await memory.read(STATE_KEY) or _empty()
+            if fresh["change"] is not None:
+                await self._resume(memory, fresh["change"])
+        return None
+
+    async def _resume(self, memory: ActionMemory, change: dict[str, Any]) -> Outcome:
+        log.warning(
+            "found an unfinished change of k %s -> %s (%s, at %s): completing it",
+            change["from"], change["to"], change["reason"], change["phase"],
+        )  # fmt: skip
+        outcome = await self._carry_out(memory, change, resumed=True)
+        if change["event_id"] is not None:  # the run of that firing, repeated, answers from here
+            key = f"{change['event_id']}:{change.get('way', 'down')}"
+            await memory.update(STATE_KEY, lambda s: _done(s, key, outcome))
+        return outcome
+
+    # --- a change --------------------------------------------------------------------------------
+
+    async def _current(self, memory: ActionMemory) -> int:
+        """k as last verified, else as the file says (a first run), remembering its other keys."""
+        state = await memory.read(STATE_KEY) or _empty()
+        text = await asyncio.to_thread(read_or_none, self.path)
+        config = self._read_config(text)
+        version = await self.server.version()
+
+        def learn(s: dict[str, Any] | None) -> dict[str, Any]:
+            s = s or _empty()
+            if config is not None:
+                s["base"] = {k: v for k, v in config.items() if k != speculative.K}
+            if version is not None:
+                s["version"] = version
+            if s["k"] is None:
+                s["k"] = int(config.get(speculative.K, 0)) if config else 0
+            return s
+
+        state = await memory.update(STATE_KEY, learn)
+        return int(state["k"])
+
+    def _below(self, k: int) -> int | None:
+        lower = [r for r in self.p.ladder if r < k]
+        return lower[0] if lower else None
+
+    def _above(self, k: int) -> int | None:
+        higher = [r for r in self.p.ladder if r > k]
+        return higher[-1] if higher else None
+
+    def _read_config(self, text: str | None) -> dict[str, Any] | None:
+        if self.p.env_file is not None:
+            return speculative.read_env(text, str(self.path))
+        return speculative.read_yaml(text, str(self.path))
+
+    def _render(self, text: str | None, config: dict[str, Any] | None, version: str | None, k: int) -> str:
+        if self.p.env_file is not None:
+            return speculative.render_env(config, f"written by specguard ({self.name}): k={k}")
+        return speculative.render_yaml(text, config, version, str(self.path))
+
+    async def _change(
+        self, memory: ActionMemory, current: int, target: int, reason: str, event_id: int | None, way: str
+    ) -> Outcome:
+        state = await memory.read(STATE_KEY) or _empty()
+        before = await asyncio.to_thread(read_or_none, self.path)
+        try:
+            config_before = self._read_config(before)
+            base = state["base"]
+            if target > 0 and base is None:
+                return Outcome(
+                    False, f"{self.path} has no speculative config, and none is known to turn back on"
+                )
+            config_after = speculative.with_k(base or {}, target)
+            after = self._render(before, config_after, state["version"], target)
+        except speculative.ConfigError as exc:
+            return Outcome(False, str(exc))
+        # A failure rolls back to the config last seen running (the file may have been edited since
+        # it was read at start: a broken draft path must not be what the rollback restores).
+        good = state["good"] or {"text": before, "k": current}
+        change = {
+            "from": current, "to": target, "reason": reason, "event_id": event_id, "way": way, "phase": "write",
+            "before": before, "after": after, "config_before": config_before, "config_after": config_after,
+            "rollback_text": good["text"], "rollback_k": good["k"], "started": time.time(), "timings": {},
+        }  # fmt: skip
+        await memory.update(STATE_KEY, lambda s: {**(s or _empty()), "change": change})
+        return await self._carry_out(memory, change, resumed=False)
+
+    async def _carry_out(self, memory: ActionMemory, change: dict[str, Any], resumed: bool) -> Outcome:
+        """Take ``change`` from its phase to the end, journaling each phase first."""
+
+        async def phase(name: str) -> None:
+            change["phase"] = name
+            await memory.update(STATE_KEY, lambda s: {**(s or _empty()), "change": dict(change)})
+
+        timings: dict[str, float] = change["timings"]
+        try:
+            if change["phase"] == "write":
+                await asyncio.to_thread(write_atomically, self.path, change["after"])
+                await phase("restart")
+            if change["phase"] == "restart":
+                timings["restart"] = await _timed(self._restart)
+                await phase("verify")
+            if change["phase"] == "verify":
+                timings["ready"] = await _timed(lambda: self.server.wait_healthy(self.p.health_timeout))
+                seen = await self.server.verify(
+                    change["to"], self.p.verify_requests, self.p.verify_max_tokens, self.p.model
+                )
+                timings["verified"] = time.time() - change["started"]
+                detail = (
+                    f"k {change['from']} -> {change['to']}: restarted in {timings.get('restart', 0):.1f}s, healthy "
+                    f"after {timings['ready']:.0f}s; {seen}" + (" (completed after specguard restarted)" if resumed else "")
+                )  # fmt: skip
+                return await self._finish(memory, change, True, detail, change["to"], change["after"])
+        except (OSError, CommandError, NotReady) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            change["why"] = f"k {change['from']} -> {change['to']} failed at {change['phase']}: {why}"
+            log.error("%s; rolling back to k=%s", change["why"], change["rollback_k"])
+            await phase("rollback")
+        # Rolling back: the config last seen running, a restart, its k verified.
+        try:
+            text = change["rollback_text"]
+            if text is None:
+                await asyncio.to_thread(self.path.unlink, True)
+            else:
+                await asyncio.to_thread(write_atomically, self.path, text)
+            await self._restart()
+            await self.server.wait_healthy(self.p.health_timeout)
+            seen = await self.server.verify(
+                change["rollback_k"], self.p.verify_requests, self.p.verify_max_tokens, self.p.model
+            )
+        except (OSError, CommandError, NotReady) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            detail = (
+                f"{change.get('why', 'the change failed')}; rolling back failed too: {why}: vLLM needs a hand"
+            )
+            return await self._finish(memory, change, False, detail, None)
+        detail = f"{change.get('why', 'the change failed')}; rolled back to k={change['rollback_k']}: {seen}"
+        return await self._finish(memory, change, False, detail, change["rollback_k"], change["rollback_text"])
+
+    async def _restart(self) -> None:
+        await run_command(self.restart_argv, self.p.command_timeout, "restart")
+
+    async def _finish(
+        self,
+        memory: ActionMemory,
+        change: dict[str, Any],
+        ok: bool,
+        detail: str,
+        k: int | None,
+        running: str | None = None,
+    ) -> Outcome:
+        """Close the journal: ``k`` and the file text ``running`` are what vLLM now runs (verified);
+        None when nothing is known to run."""
+        ended = time.time()
+        entry = {
+            "at": change["started"], "ended": ended, "from": change["from"], "to": change["to"],
+            "reason": change["reason"], "ok": ok, "detail": detail,
+            "config_before": change["config_before"], "config_after": change["config_after"],
+        }  # fmt: skip
+
+        def end(s: dict[str, Any] | None) -> dict[str, Any]:
+            s = s or _empty()
+            s["change"] = None
+            if k is not None:
+                s["k"] = k
+                s["good"] = {"text": running, "k": k}
+            s["log"] = [*s["log"], entry][-KEEP_LOG:]
+            return s
+
+        def notes() -> list[tuple[int, str]]:
+            if change["event_id"] is None:
+                return []
+            shown = (
+                f"k {change['from']} -> {change['to']} ({'ok' if ok else 'failed'}, {ended - change['started']:.0f}s): "
+                f"speculative config {_shown(change['config_before'])} -> {_shown(change['config_after'])}; {detail}"
+            )
+            return [(int(change["event_id"]), shown)]
+
+        await memory.update(STATE_KEY, end, notes)
+        (log.info if ok else log.error)("%s", detail)
+        return Outcome(ok, detail)
+
+
+def _shown(config: dict[str, Any] | None) -> str:
+    return "off" if config is None else json.dumps(config, separators=(",", ":"))
+
+
+def _done(state: dict[str, Any] | None, key: str, outcome: Outcome) -> dict[str, Any]:
+    state = state or _empty()
+    done = dict(state["done"])
+    done[key] = [outcome.ok, outcome.detail]
+    state["done"] = dict(list(done.items())[-KEEP_DONE:])
+    return state
+
+
+async def _timed(step: Callable[[], Awaitable[Any]]) -> float:
+    started = time.monotonic()
+    await step()
+    return time.monotonic() - started

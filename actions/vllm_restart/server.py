@@ -1,0 +1,107 @@
+"""The vLLM server being restarted: its version, its readiness, and what its ``/metrics`` say about
+the speculative config it runs with."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SPEC_PREFIX = "vllm:spec_decode_"
+
+
+class NotReady(Exception):
+    """The server did not become healthy, or does not run the config it should."""
+
+
+def positions(page: str) -> tuple[bool, set[int]]:
+    """(whether any speculative-decoding series is exported, the draft positions counted)."""
+    spec, seen = False, set()
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name.startswith(SPEC_PREFIX):
+                spec = True
+            if sample.name in (PER_POSITION, PER_POSITION + "_total") and "position" in sample.labels:
+                seen.add(int(sample.labels["position"]))
+    return spec, seen
+
+
+class Server:
+    def __init__(self, url: str, token: str | None, request_timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+
+    def _session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+
+    async def version(self) -> str | None:
+        """``/version``'s answer, or None when the server does not answer."""
+        try:
+            async with self._session() as session, session.get(self.url + "/version") as answer:
+                if answer.status != 200:
+                    return None
+                body = await answer.json(content_type=None)
+                return str(body["version"]) if isinstance(body, dict) and "version" in body else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def wait_healthy(self, timeout: float, poll: float = 1.0) -> float:
+        """Wait for ``/health`` to answer 200 (refused connections meanwhile are the model
+        loading); returns the seconds waited. Raises NotReady after ``timeout``."""
+        started = time.monotonic()
+        last = "no answer"
+        async with self._session() as session:
+            while True:
+                try:
+                    async with session.get(self.url + "/health") as answer:
+                        if answer.status == 200:
+                            return time.monotonic() - started
+                        last = f"/health answered {answer.status}"
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    last = type(exc).__name__
+                if time.monotonic() - started + poll > timeout:
+                    raise NotReady(f"not healthy within {timeout:g}s (last: {last})")
+                await asyncio.sleep(poll)
+
+    async def verify(self, k: int, requests: int, max_tokens: int, model: str | None) -> str:
+        """Send a few requests, then check that ``/metrics`` counts exactly k draft positions (k =
+        0: no speculative-decoding series at all). Returns what was seen; raises NotReady."""
+        try:
+            async with self._session() as session:
+                name = model or await self._model(session)
+                for index in range(requests):
+                    body = {"model": name, "prompt": f"specguard check {index}: one two three",
+                            "max_tokens": max_tokens, "temperature": 0.0}  # fmt: skip
+                    async with session.post(self.url + "/v1/completions", json=body) as answer:
+                        if answer.status != 200:
+                            text = (await answer.text())[:200]
+                            raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
+                async with session.get(self.url + "/metrics") as answer:
+                    if answer.status != 200:
+                        raise NotReady(f"GET /metrics answered {answer.status}")
+                    page = await answer.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise NotReady(f"verification: {type(exc).__name__}: {exc}"[:300]) from None
+        spec, seen = positions(page)
+        if k == 0:
+            if spec:
+                raise NotReady("speculative decoding should be off, yet /metrics has spec_decode series")
+            return "no speculative-decoding series: off, as configured"
+        if seen != set(range(k)):
+            shown = ",".join(str(p) for p in sorted(seen)) or "none"
+            raise NotReady(f"/metrics counts draft positions {shown}, not 0-{k - 1}")
+        return f"/metrics counts draft positions 0-{k - 1}"
+
+    async def _model(self, session: aiohttp.ClientSession) -> str:
+        async with session.get(self.url + "/v1/models") as answer:
+            if answer.status != 200:
+                raise NotReady(f"GET /v1/models answered {answer.status}")
+            body = await answer.json(content_type=None)
+        try:
+            return str(body["data"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise NotReady("/v1/models lists no model") from None

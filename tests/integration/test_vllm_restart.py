@@ -1,0 +1,232 @@
+"""The vllm_restart action against the simulator, restarted the way systemd restarts vLLM
+(tests/supervisor.py: the command line expanded from the environment file): ladder steps down and
+up, both config styles, rollback when the new config does not come up, and a change cut short by a
+stop, completed by the next daemon. The real vLLM runs the same in tests/e2e."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from actions.base import ActionContext
+from actions.vllm_restart import STATE_KEY, VllmRestartAction, VllmRestartParams, speculative
+from actions.vllm_restart.server import Server
+from daemon.dispatch.memory import StoreMemory
+from daemon.store import Store
+from tests.alert_pipeline import free_port
+
+DRAFT = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": 4}
+
+
+class Host:
+    """A serving host: the simulator as vLLM, supervised, reading its speculative config from an
+    environment file or a vLLM YAML config."""
+
+    def __init__(self, tmp: Path, style: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state = tmp / "service"
+        self.style = style
+        sim = [sys.executable, "-m", "daemon", "simulate", "--port", str(self.port), "--startup-delay", "0.3",
+               "--step-time", "0.002", "--acceptance-by-position", "0.9"]  # fmt: skip
+        supervise = [sys.executable, "-m", "tests.supervisor", "restart", "--state", str(self.state)]
+        if style == "env":
+            self.path = tmp / "speculative.env"
+            self.path.write_text(speculative.render_env(DRAFT, "as deployed"))
+            self.command = [*supervise, "--env-file", str(self.path), "--", *sim, "$VLLM_SPECULATIVE_ARGS"]
+        else:
+            self.path = tmp / "vllm.yaml"
+            self.path.write_text(
+                "# vLLM options for this host\n"
+                "model: tiny-llama   # served name\n"
+                "speculative-config:\n"
+                "  method: draft_model   # the small Llama\n"
+                "  model: tiny-draft\n"
+                "  num_speculative_tokens: 4\n"
+                "max-num-seqs: 64\n"
+            )
+            self.command = [*supervise, "--", *sim, "--config", str(self.path)]
+
+    def start(self) -> None:
+        subprocess.run(self.command, check=True, timeout=60)
+
+    def stop(self) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "tests.supervisor", "stop", "--state", str(self.state)], timeout=60
+        )
+
+    def action(self, **extra: Any) -> VllmRestartAction:
+        where = (
+            {"env_file": {"path": str(self.path)}}
+            if self.style == "env"
+            else {"vllm_config": {"path": str(self.path)}}
+        )
+        raw = {"type": "vllm_restart", "ladder": [4, 2, 0], "url": self.url, "command": self.command,
+               "health_timeout": "30s", **where, **extra}  # fmt: skip
+        return VllmRestartAction("shrink", VllmRestartParams.model_validate(raw))
+
+    def commands(self) -> list[str]:
+        return (self.state / "commands").read_text().splitlines()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    opened = Store(tmp_path / "specguard.db")
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture(params=["env", "yaml"])
+def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
+    served = Host(tmp_path, request.param)
+    served.start()
+    yield served
+    served.stop()
+
+
+def ctx(store: Store, event_id: int) -> ActionContext:
+    return ActionContext(
+        rule="acceptance_critical", event="firing", severity="critical", labels={}, value=0.1, threshold=0.3,
+        summary="acceptance low", event_id=event_id, memory=StoreMemory(store, "shrink"),
+    )  # fmt: skip
+
+
+async def test_each_firing_steps_one_rung_down_and_a_step_up_puts_the_other_keys_back(
+    host: Host, store: Store
+) -> None:
+    action = host.action()
+    memory = StoreMemory(store, "shrink")
+    await Server(host.url, None).wait_healthy(30)
+
+    first = await action.run(ctx(store, 1))
+    assert first.ok, first.detail
+    assert "k 4 -> 2" in first.detail and "/metrics counts draft positions 0-1" in first.detail
+    config = (
+        speculative.read_env(host.path.read_text(), "f")
+        if host.style == "env"
+        else speculative.read_yaml(host.path.read_text(), "f")
+    )
+    assert config == {**DRAFT, "num_speculative_tokens": 2}
+    assert host.path.with_name(host.path.name + ".prev").exists()  # the version before, kept
+
+    again = await action.run(ctx(store, 1))  # the same firing's run, repeated (after a crash)
+    assert again == first and len(host.commands()) == 2  # nothing done twice
+
+    off = await action.run(ctx(store, 2))
+    assert off.ok and "k 2 -> 0" in off.detail and "off, as configured" in off.detail, off.detail
+    assert "--speculative-config" not in host.commands()[-1]
+    if host.style == "env":
+        assert "VLLM_SPECULATIVE_ARGS=\n" in host.path.read_text()
+    else:
+        text = host.path.read_text()
+        assert "speculative-config" not in text
+        assert "# vLLM options for this host" in text and "model: tiny-llama   # served name" in text
+
+    bottom = await action.run(ctx(store, 3))
+    assert bottom.ok and "k=0 is the ladder's bottom rung" in bottom.detail
+
+    up = await action.step(memory, "up", "alice")
+    assert up.ok and "k 0 -> 2" in up.detail, up.detail
+    if host.style == "env":
+        assert "--speculative-config=" in host.commands()[-1]
+    shown = await action.show(memory)
+    assert shown["k"] == 2 and shown["file_k"] == 2
+    assert [(e["from"], e["to"], e["ok"]) for e in shown["log"]] == [(4, 2, True), (2, 0, True), (0, 2, True)]
+    assert shown["log"][-1]["reason"] == "by hand (alice)"
+    assert shown["log"][-1]["config_after"] == {**DRAFT, "num_speculative_tokens": 2}
+    refused = await action.step(memory, 3, "alice")
+    assert not refused.ok and "k=3 is not a rung of the ladder [4, 2, 0]" in refused.detail
+
+
+async def test_a_config_that_does_not_come_up_is_rolled_back_to_the_last_one_seen_running(
+    host: Host, store: Store
+) -> None:
+    action = host.action(health_timeout="6s", ladder=[4, 2, 1, 0])
+    await Server(host.url, None).wait_healthy(30)
+    assert (await action.run(ctx(store, 1))).ok  # k 4 -> 2: now known to run
+    # Someone edits the file: the draft is gone from the config, which the server refuses to start
+    # with (it runs on with the config it read at start).
+    broken = {"num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    text = host.path.read_text()
+    host.path.write_text(
+        speculative.render_env(broken, "edited")
+        if host.style == "env"
+        else speculative.render_yaml(text, broken, "0.32.0", "f")
+    )
+    outcome = await action.run(ctx(store, 2))
+    assert not outcome.ok
+    assert "k 2 -> 1 failed at verify: not healthy within 6s" in outcome.detail, outcome.detail
+    assert "rolled back to k=2: /metrics counts draft positions 0-1" in outcome.detail
+    # the file vLLM runs with is the one it ran before, not the edited one
+    assert "prompt_lookup_max" not in host.path.read_text() and "tiny-draft" in host.path.read_text()
+    state = await StoreMemory(store, "shrink").read(STATE_KEY)
+    assert state["k"] == 2 and state["change"] is None
+    assert state["log"][-1]["ok"] is False
+
+
+async def test_a_change_cut_short_is_completed_by_the_next_daemon(host: Host, store: Store) -> None:
+    memory = StoreMemory(store, "shrink")
+    action = host.action()
+    await Server(host.url, None).wait_healthy(30)
+    task = asyncio.create_task(action.run(ctx(store, 7)))
+    # stopped once the restart was issued, before the verification ended (the daemon killed)
+    for _ in range(300):
+        state = await memory.read(STATE_KEY)
+        if state and state.get("change") and state["change"]["phase"] == "verify":
+            break
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    state = await memory.read(STATE_KEY)
+    assert state["change"]["phase"] == "verify" and state["change"]["to"] == 2
+
+    fresh = host.action()  # the next daemon's instance
+    assert await fresh.tick(memory) is None
+    state = await memory.read(STATE_KEY)
+    assert state["change"] is None and state["k"] == 2
+    assert "completed after specguard restarted" in state["log"][-1]["detail"]
+    # the firing's run, carried out again by the next daemon, answers from the journal
+    repeated = await fresh.run(ctx(store, 7))
+    assert repeated.ok and "k 4 -> 2" in repeated.detail
+    assert len(host.commands()) == 2  # the first start and the one restart
+
+
+def test_bad_params_are_refused_with_the_reason(tmp_path: Path) -> None:
+    base = {"type": "vllm_restart", "env_file": {"path": str(tmp_path / "s.env")}, "unit": "vllm.service"}
+    for ladder, why in (
+        ([3], "at least two rungs"),
+        ([1, 3, 0], "from the most down"),
+        ([3, -1], "from the most down"),
+    ):
+        with pytest.raises(ValidationError, match=why):
+            VllmRestartParams.model_validate({**base, "ladder": ladder})
+    with pytest.raises(ValidationError, match="run without a shell"):
+        VllmRestartParams.model_validate(
+            {**base, "ladder": [2, 0], "unit": None, "command": "systemctl restart vllm"}
+        )
+    with pytest.raises(ValidationError, match="`unit` \\(systemctl\\) or `command`, one"):
+        VllmRestartParams.model_validate({**base, "ladder": [2, 0], "command": ["true"]})
+    with pytest.raises(ValidationError, match="`env_file` or `vllm_config`, one"):
+        VllmRestartParams.model_validate(
+            {**base, "ladder": [2, 0], "vllm_config": {"path": str(tmp_path / "v.yaml")}}
+        )
+    with pytest.raises(ValidationError, match=r"ends in \.yaml or \.yml"):
+        VllmRestartParams.model_validate(
+            {**base, "ladder": [2, 0], "env_file": None, "vllm_config": {"path": str(tmp_path / "v.json")}}
+        )
+    params = VllmRestartParams.model_validate({**base, "ladder": [5, 3, 1, 0]})
+    assert (params.cooldown, params.budget and (params.budget.runs, params.budget.per)) == (
+        600.0,
+        (2, 3600.0),
+    )
+    assert json.loads(json.dumps(params.ladder)) == [5, 3, 1, 0]
