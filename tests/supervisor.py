@@ -1,8 +1,8 @@
 """A stand-in for systemd where the tests restart a server: ``restart`` stops the process it started
 last (SIGTERM, then SIGKILL after a grace) and starts the command again, detached, returning at
-once as ``systemctl restart`` does for a simple service. The command line is expanded from an
-environment file as systemd's ExecStart expands it: ``$VAR`` unbraced is split at whitespace into
-zero or more arguments, ``${VAR}`` is one argument.
+once as ``systemctl restart`` does for a simple service, with the variables of an environment file
+(``EnvironmentFile=``) in its environment. Like systemd/vllm.service, a command that needs them on
+its command line goes through ``/bin/sh -c``.
 
     python -m tests.supervisor restart --state DIR [--env-file FILE] -- COMMAND...
     python -m tests.supervisor stop --state DIR
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -25,25 +25,19 @@ GRACE = 20.0
 
 
 def read_env(path: Path) -> dict[str, str]:
+    return parse_env(path.read_text())
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """An environment file's variables, quotes removed as systemd removes them."""
     values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#") or "=" not in line:
             continue
         name, _, value = line.partition("=")
         words = shlex.split(value)
         values[name.strip()] = words[0] if words else ""
     return values
-
-
-def expand(argv: list[str], env: dict[str, str]) -> list[str]:
-    out: list[str] = []
-    for word in argv:
-        whole = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", word)
-        if whole:
-            out.extend(env.get(whole[1], "").split())
-            continue
-        out.append(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m[1], ""), word))
-    return out
 
 
 def stop(state: Path) -> None:
@@ -83,11 +77,17 @@ def main(argv: list[str]) -> int:
     if args.verb == "stop":
         return 0
     env = read_env(args.env_file) if args.env_file and args.env_file.exists() else {}
-    command = expand(args.command, env)
-    (args.state / "commands").open("a").write(" ".join(command) + "\n")
+    command = args.command
+    with (args.state / "commands").open("a") as seen:  # what was started, each time
+        seen.write(json.dumps({"command": command, "env": env}) + "\n")
     with (args.state / "service.log").open("ab") as log:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **env},
         )
     (args.state / "pid").write_text(str(process.pid))
     return 0

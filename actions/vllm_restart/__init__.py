@@ -321,6 +321,8 @@ class VllmRestartAction(Action):
         timings: dict[str, float] = change["timings"]
         try:
             if change["phase"] == "write":
+                if self.p.env_file is not None:  # under the state directory: made on first use
+                    await asyncio.to_thread(self.path.parent.mkdir, 0o750, True, True)
                 await asyncio.to_thread(write_atomically, self.path, change["after"])
                 await phase("restart")
             if change["phase"] == "restart":
@@ -361,7 +363,9 @@ class VllmRestartAction(Action):
             )
             return await self._finish(memory, change, False, detail, None)
         detail = f"{change.get('why', 'the change failed')}; rolled back to k={change['rollback_k']}: {seen}"
-        return await self._finish(memory, change, False, detail, change["rollback_k"], change["rollback_text"])
+        return await self._finish(
+            memory, change, False, detail, change["rollback_k"], change["rollback_text"]
+        )
 
     async def _restart(self) -> None:
         await run_command(self.restart_argv, self.p.command_timeout, "restart")

@@ -22,8 +22,10 @@ from ruamel.yaml.error import YAMLError
 
 K = "num_speculative_tokens"
 YAML_KEYS = ("speculative-config", "speculative_config")  # vLLM reads either spelling
-CONFIG_VARIABLE = "VLLM_SPECULATIVE_CONFIG"  # the JSON itself (empty when off)
-ARGS_VARIABLE = "VLLM_SPECULATIVE_ARGS"  # what ExecStart passes, unbraced: $VLLM_SPECULATIVE_ARGS
+# The environment file's variable: the JSON, empty when off. The unit passes it on through a shell,
+# ${VLLM_SPECULATIVE_CONFIG:+"--speculative-config=$VLLM_SPECULATIVE_CONFIG"} (systemd/vllm.service):
+# systemd's own splitting of $VAR would strip the JSON's quotes and backslashes.
+CONFIG_VARIABLE = "VLLM_SPECULATIVE_CONFIG"
 # From this vLLM version a mapping under `speculative-config:` is passed on as JSON; before it,
 # str(dict) gave Python's repr, which vLLM's json.loads rejects: the value must be a JSON string.
 MAPPING_SINCE = (0, 16)
@@ -41,9 +43,9 @@ def with_k(base: Mapping[str, Any], k: int) -> dict[str, Any] | None:
 
 
 def compact(config: Mapping[str, Any]) -> str:
-    """One word of JSON: no whitespace and no single quote (written as \\u escapes, which JSON
-    reads back as the same characters), so systemd's EnvironmentFile keeps it whole inside single
-    quotes and an unbraced ``$VAR`` passes it as one argument."""
+    """One line of JSON with no single quote and no whitespace (written as \\u escapes, which JSON
+    reads back as the same characters): systemd's EnvironmentFile keeps it whole and unchanged
+    inside single quotes."""
     text = json.dumps(dict(config), separators=(",", ":"), ensure_ascii=True)
     return text.replace(" ", "\\u0020").replace("'", "\\u0027")
 
@@ -80,18 +82,12 @@ def read_env(text: str | None, where: str) -> dict[str, Any] | None:
 
 
 def render_env(config: Mapping[str, Any] | None, note: str) -> str:
-    value = compact(config) if config is not None else ""
-    args = f"--speculative-config={value}" if value else ""
+    value = f"'{compact(config)}'" if config is not None else ""
     return (
         f"# {note}\n"
-        f"# The unit's ExecStart passes ${ARGS_VARIABLE} unbraced: nothing at all when it is empty.\n"
-        f"{CONFIG_VARIABLE}={_quoted(value)}\n"
-        f"{ARGS_VARIABLE}={_quoted(args)}\n"
+        "# Empty: speculative decoding off (the unit then passes no --speculative-config at all).\n"
+        f"{CONFIG_VARIABLE}={value}\n"
     )
-
-
-def _quoted(value: str) -> str:
-    return f"'{value}'" if value else ""
 
 
 # --- vLLM's YAML config -------------------------------------------------------------------------

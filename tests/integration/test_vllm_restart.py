@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -41,7 +42,18 @@ class Host:
         if style == "env":
             self.path = tmp / "speculative.env"
             self.path.write_text(speculative.render_env(DRAFT, "as deployed"))
-            self.command = [*supervise, "--env-file", str(self.path), "--", *sim, "$VLLM_SPECULATIVE_ARGS"]
+            # as systemd/vllm.service passes it: through a shell, nothing at all when it is empty
+            line = " ".join(shlex.quote(word) for word in sim)
+            passed = '${VLLM_SPECULATIVE_CONFIG:+"--speculative-config=$VLLM_SPECULATIVE_CONFIG"}'
+            self.command = [
+                *supervise,
+                "--env-file",
+                str(self.path),
+                "--",
+                "/bin/sh",
+                "-c",
+                f"exec {line} {passed}",
+            ]
         else:
             self.path = tmp / "vllm.yaml"
             self.path.write_text(
@@ -73,8 +85,9 @@ class Host:
                "health_timeout": "30s", **where, **extra}  # fmt: skip
         return VllmRestartAction("shrink", VllmRestartParams.model_validate(raw))
 
-    def commands(self) -> list[str]:
-        return (self.state / "commands").read_text().splitlines()
+    def commands(self) -> list[dict[str, Any]]:
+        """Each start: the command and the environment file's variables."""
+        return [json.loads(line) for line in (self.state / "commands").read_text().splitlines()]
 
 
 @pytest.fixture
@@ -123,9 +136,8 @@ async def test_each_firing_steps_one_rung_down_and_a_step_up_puts_the_other_keys
 
     off = await action.run(ctx(store, 2))
     assert off.ok and "k 2 -> 0" in off.detail and "off, as configured" in off.detail, off.detail
-    assert "--speculative-config" not in host.commands()[-1]
     if host.style == "env":
-        assert "VLLM_SPECULATIVE_ARGS=\n" in host.path.read_text()
+        assert host.commands()[-1]["env"] == {"VLLM_SPECULATIVE_CONFIG": ""}
     else:
         text = host.path.read_text()
         assert "speculative-config" not in text
@@ -137,7 +149,10 @@ async def test_each_firing_steps_one_rung_down_and_a_step_up_puts_the_other_keys
     up = await action.step(memory, "up", "alice")
     assert up.ok and "k 0 -> 2" in up.detail, up.detail
     if host.style == "env":
-        assert "--speculative-config=" in host.commands()[-1]
+        assert json.loads(host.commands()[-1]["env"]["VLLM_SPECULATIVE_CONFIG"]) == {
+            **DRAFT,
+            "num_speculative_tokens": 2,
+        }
     shown = await action.show(memory)
     assert shown["k"] == 2 and shown["file_k"] == 2
     assert [(e["from"], e["to"], e["ok"]) for e in shown["log"]] == [(4, 2, True), (2, 0, True), (0, 2, True)]

@@ -5,12 +5,14 @@ as JSON only from 0.16), comments and other keys kept."""
 from __future__ import annotations
 
 import json
-import shlex
+import os
+import subprocess
+import sys
 
 import pytest
 
 from actions.vllm_restart import speculative
-from tests.supervisor import expand, read_env
+from tests.supervisor import parse_env, read_env
 
 DRAFT = {
     "method": "draft_model",
@@ -44,28 +46,33 @@ def test_with_k_keeps_every_other_key_and_zero_is_off() -> None:
     assert speculative.with_k(DRAFT, 0) is None
 
 
-def test_the_env_file_as_systemd_expands_it_gives_vllm_one_argument_or_none() -> None:
+def passed(env_text: str) -> list[str]:
+    """The arguments vLLM gets from systemd/vllm.service's ExecStart: the file's variables in the
+    environment (as systemd reads them), the JSON passed on through the shell."""
+    env = parse_env(env_text)
+    script = 'exec "$0" -c "import json, sys; print(json.dumps(sys.argv[1:]))" ' + (
+        '${VLLM_SPECULATIVE_CONFIG:+"--speculative-config=$VLLM_SPECULATIVE_CONFIG"}'
+    )
+    done = subprocess.run(
+        ["/bin/sh", "-c", script, sys.executable],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return list(json.loads(done.stdout))
+
+
+def test_the_env_file_gives_vllm_one_argument_with_the_json_or_none() -> None:
     text = speculative.render_env(speculative.with_k(DRAFT, 3), "k=3")
-    env = read_env_text(text)
-    assert json.loads(env["VLLM_SPECULATIVE_CONFIG"]) == {**DRAFT, "num_speculative_tokens": 3}
-    (argument,) = expand(["$VLLM_SPECULATIVE_ARGS"], env)  # one word, though the path has a space and a quote
+    (argument,) = passed(text)  # one argument, though the draft's path has a space and a quote
     assert argument.startswith("--speculative-config=")
     assert json.loads(argument.split("=", 1)[1]) == {**DRAFT, "num_speculative_tokens": 3}
     assert speculative.read_env(text, "s.env") == {**DRAFT, "num_speculative_tokens": 3}
 
     off = speculative.render_env(None, "off")
-    assert expand(["$VLLM_SPECULATIVE_ARGS"], read_env_text(off)) == []  # no argument at all
+    assert passed(off) == []  # no argument at all
     assert speculative.read_env(off, "s.env") is None
-
-
-def read_env_text(text: str) -> dict[str, str]:
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.partition("=")
-            words = shlex.split(value)
-            values[name] = words[0] if words else ""
-    return values
 
 
 def test_read_env_names_the_line_of_a_bad_value(tmp_path) -> None:
