@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon import __version__
+from daemon import __version__, cli_ladder
 
 DESCRIPTION = """\
 specguard watches speculative decoding on vLLM: it evaluates YAML rules over vLLM's metrics
@@ -145,9 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="see specguard work end to end against a simulated vLLM (about a minute)",
-        description="Start a simulated vLLM with speculative decoding and the specguard daemon, drive "
-        "traffic, then degrade acceptance: rules go pending -> firing, actions run, and the Slack "
-        "message on-call would get is printed. Finishes by itself in about a minute; Ctrl-C stops it.",
+        description="Start a simulated vLLM with speculative decoding, a standard-decoding one, a router "
+        "that follows a flag file, a Slack Web API on loopback and the specguard daemon; drive traffic, "
+        "then degrade acceptance: the fallback rule fires, the flag moves traffic to standard decoding, "
+        "on-call gets a Slack thread, and once acceptance is back (a canary says so) the flag is "
+        "restored. Finishes by itself in about 45 s; Ctrl-C stops it.",
     )
     demo.add_argument("--no-color", dest="color", action="store_false", default=None, help="plain text")
     demo.add_argument("--color", dest="color", action="store_true", help="colour even when not a terminal")
@@ -173,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     signals.add_argument("--window", default="5m", help="window used in the PromQL shown (default 5m)")
     signals.add_argument("--format", choices=["table", "json"], default="table")
     _add_export(sub)
+    cli_ladder.add_parser(sub, _add_config)
     return parser
 
 
@@ -200,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_silence(args)
         if args.command == "export":
             return cmd_export(args)
+        if args.command == "ladder":
+            return cli_ladder.cmd_ladder(args)
         if args.command == "demo":
             from sim.demo import main as demo_main
 

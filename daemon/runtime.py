@@ -23,7 +23,7 @@ from daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
 from daemon.alertmanager.payload import Message
 from daemon.alertmanager.receiver import make_handler
 from daemon.config import Config
-from daemon.dispatch import Dispatcher, silences
+from daemon.dispatch import Dispatcher, ladder, silences
 from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule
 from daemon.loading import Loaded, LoadedRule, load
@@ -162,7 +162,12 @@ class Daemon:
             make_handler(self, lambda: self.loaded.webhook_token, server.webhook_max_body_size, self.metrics),
             server.webhook_max_body_size,
         )
-        api = silences.api_routes(self.store.call, lambda: self.loaded.webhook_token)
+        api = [
+            *silences.api_routes(self.store.call, lambda: self.loaded.webhook_token),
+            *ladder.api_routes(
+                lambda: self.dispatcher.actions, self.store, lambda: self.loaded.webhook_token
+            ),
+        ]
         self._site_runner, self.port = await start_server(
             self, config.listen, config.port, webhook=webhook, routes=api
         )

@@ -139,6 +139,11 @@ class VllmRestartAction(Action):
         self._lock = _LOCKS.setdefault(name, asyncio.Lock())
 
     @property
+    def busy(self) -> bool:
+        """A change (by a firing, by hand, or resumed) is under way."""
+        return self._lock.locked()
+
+    @property
     def restores(self) -> bool:
         return self.p.step_up_after is not None
 
@@ -149,6 +154,8 @@ class VllmRestartAction(Action):
     # --- the rule's side: a firing steps down, a long enough resolution steps up -----------------
 
     async def run(self, ctx: ActionContext) -> Outcome:
+        if ctx.event != "firing":  # the dispatcher plans none; a resolution never steps down
+            return Outcome(True, "nothing to do when the rule resolves")
         return await self._for_event(ctx, "down")
 
     async def restore(self, ctx: ActionContext) -> Outcome:

@@ -110,6 +110,13 @@ class Dispatcher:
         if event.kind in ACTIONABLE:
             for name in item.rule.actions:
                 action = self.actions.get(name)
+                if (
+                    event.kind is State.RESOLVED
+                    and action is not None
+                    and action.changes_world
+                    and not action.restores
+                ):
+                    continue  # it undoes nothing when the rule resolves (a ladder steps up by hand)
                 restore = event.kind is State.RESOLVED and action is not None and action.restores
                 mode = "restore" if restore else "run"
                 not_before = event.at + action.restore_delay if restore and action is not None else None

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ from actions.vllm_restart import STATE_KEY, VllmRestartAction, VllmRestartParams
 from actions.vllm_restart.server import Server
 from daemon.dispatch.memory import StoreMemory
 from daemon.store import Store
+from sim.traffic import Traffic
 from tests.alert_pipeline import free_port
+from tests.processes import Daemon, specguard
 
 DRAFT = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": 4}
 
@@ -31,13 +35,13 @@ class Host:
     """A serving host: the simulator as vLLM, supervised, reading its speculative config from an
     environment file or a vLLM YAML config."""
 
-    def __init__(self, tmp: Path, style: str) -> None:
+    def __init__(self, tmp: Path, style: str, *options: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = tmp / "service"
         self.style = style
         sim = [sys.executable, "-m", "daemon", "simulate", "--port", str(self.port), "--startup-delay", "0.3",
-               "--step-time", "0.002", "--acceptance-by-position", "0.9"]  # fmt: skip
+               "--step-time", "0.002", "--acceptance-by-position", "0.9", *options]  # fmt: skip
         supervise = [sys.executable, "-m", "tests.supervisor", "restart", "--state", str(self.state)]
         if style == "env":
             self.path = tmp / "speculative.env"
@@ -245,3 +249,80 @@ def test_bad_params_are_refused_with_the_reason(tmp_path: Path) -> None:
         (2, 3600.0),
     )
     assert json.loads(json.dumps(params.ladder)) == [5, 3, 1, 0]
+
+
+RULES = """\
+rules:
+  - name: acceptance_critical
+    signal: acceptance_rate
+    window: 3s
+    interval: 1s
+    condition: "< 0.3"
+    severity: critical
+    actions: [shrink]
+"""
+
+
+async def until(what: str, check: Any, seconds: float = 90.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+async def test_a_firing_steps_down_through_the_daemon_and_ladder_steps_by_hand(tmp_path: Path) -> None:
+    host = Host(tmp_path, "yaml", "--temperature-decay", "1.2")
+    host.start()
+    port = free_port()
+    (tmp_path / "rules.yaml").write_text(RULES)
+    action = {"type": "vllm_restart", "ladder": [4, 2, 1, 0], "url": host.url, "vllm_config": {"path": str(host.path)},
+              "command": host.command, "health_timeout": "30s"}  # fmt: skip
+    config = tmp_path / "specguard.yaml"
+    config.write_text(json.dumps({
+        "server": {"port": port}, "state_dir": "state", "interval": "1s", "rules": ["rules.yaml"],
+        "sources": {"scrape": {"targets": [f"{host.url}/metrics"]}}, "actions": {"shrink": action},
+    }))  # fmt: skip
+    daemon = Daemon(config, port, tmp_path / "specguard.log")
+    traffic = Traffic(host.url, "tiny-llama", concurrency=2, max_tokens=32, temperature=1.5)
+    try:
+        await Server(host.url, None).wait_healthy(30)
+        daemon.start()
+        await traffic.start()  # acceptance falls: the rule fires and the action steps down
+
+        async def stepped() -> bool:
+            code, out, _ = await specguard("ladder", "show", "--config", str(config), "--format", "json")
+            return code == 0 and json.loads(out)[0]["log"] != []
+
+        await until("the firing's step", stepped)
+        await traffic.stop()
+        code, out, err = await specguard("ladder", "show", "--config", str(config))
+        assert code == 0, err
+        assert out.splitlines()[0] == f"shrink: k=2  ladder 4 [2] 1 0  ({host.path} says k=2)"
+        assert re.search(r"k 4 -> 2  ok  acceptance_critical firing: k 4 -> 2: restarted in", out), out
+        code, out, _ = await specguard("history", "--config", str(config), "--format", "json")
+        (firing,) = [e for e in json.loads(out) if e["kind"] == "firing"]
+        (note,) = firing["notes"]
+        assert note["action"] == "shrink" and note["text"].startswith("k 4 -> 2 (ok, "), note
+        assert (
+            '"num_speculative_tokens":4} -> {' in note["text"]
+            and '"num_speculative_tokens":2}' in note["text"]
+        )
+
+        code, out, err = await specguard("ladder", "up", "--config", str(config), timeout=120)
+        assert (code, out.strip().split(": ", 1)[0]) == (0, "ok"), (out, err)
+        assert "k 2 -> 4" in out and "/metrics counts draft positions 0-3" in out
+        code, out, err = await specguard("ladder", "set", "3", "--config", str(config))
+        assert code == 1 and "k=3 is not a rung of the ladder [4, 2, 1, 0]" in out + err
+        code, out, err = await specguard("ladder", "down", "--config", str(config), "--action", "nope")
+        assert code == 1 and "no vllm_restart action 'nope'" in err and "(there: shrink)" in err
+    finally:
+        await traffic.stop()
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.stop()
+        host.stop()
+    code, out, err = await specguard("ladder", "down", "--config", str(config))
+    assert code == 1 and "does not answer" in err and "steps are made by the running daemon" in err
+    code, out, err = await specguard("ladder", "show")
+    assert code == 1 and "the built-in defaults has no vllm_restart action" in err

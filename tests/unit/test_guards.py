@@ -251,3 +251,23 @@ async def test_notes_an_action_keeps_with_its_memory_are_shown_under_their_event
     (shown,) = await store.history()
     assert [(n["action"], n["text"]) for n in shown["notes"]] == [("tell", "notice 1 posted")]
     assert shown["notes"][0]["at"] >= fired["at"]
+
+
+class OneWay(Switch):
+    """Changes the world and undoes nothing on a resolution (a ladder stepped up by hand)."""
+
+    type = "oneway"
+
+    @property
+    def restores(self) -> bool:
+        return False
+
+
+async def test_a_world_changing_action_that_does_not_restore_is_not_run_on_a_resolution(store: Store) -> None:
+    actions: dict[str, Action] = {"oneway": OneWay("oneway", ActionParams.model_validate({"type": "oneway"}))}
+    d = Dispatcher(store, actions, False, DaemonMetrics())
+    now = time.time()
+    await commit(store, d, rule(("oneway",)), event(State.FIRING, now - 1))
+    await commit(store, d, rule(("oneway",)), event(State.RESOLVED, now))
+    assert [kind for kind, _, _ in Switch.calls] == ["engage"]  # no second run, no restore
+    assert await runs(store) == [("oneway", "ok", "")]
