@@ -49,6 +49,35 @@ def _last_acted(db: sqlite3.Connection, event: Event, action: str) -> _Acted | N
     return None if row is None else _Acted(row[0], row[1])
 
 
+def _unresolved_firing(db: sqlite3.Connection, event: Event, action: str) -> int | None:
+    """The newest run of ``action`` that acted on a firing of the event's series, if what it did
+    still stands: the series has not resolved since (whether or not the resolution ran the action:
+    one that restores nothing has no run for it), or its restore was called off."""
+    row = db.execute(
+        "SELECT r.id, e.id FROM action_runs r JOIN events e ON e.id = r.event_id WHERE r.action = ? "
+        "AND e.rule = ? AND e.series = ? AND e.kind = 'firing' AND r.status != 'skipped' "
+        "ORDER BY r.id DESC LIMIT 1",
+        (action, event.rule, event.series),
+    ).fetchone()
+    if row is None:
+        return None
+    resolved = db.execute(
+        "SELECT id FROM events WHERE rule = ? AND series = ? AND kind = 'resolved' AND id > ? "
+        "ORDER BY id DESC LIMIT 1",
+        (event.rule, event.series, row[1]),
+    ).fetchone()
+    if resolved is None:
+        return int(row[0])
+    # Resolved, but its restore was called off (it fired again in the quiet period): what the
+    # firing's run changed is still in place.
+    called_off = db.execute(
+        "SELECT 1 FROM action_runs WHERE event_id = ? AND action = ? AND mode = 'restore' "
+        "AND status = 'skipped' LIMIT 1",
+        (resolved[0], action),
+    ).fetchone()
+    return int(row[0]) if called_off else None
+
+
 def _call_off_restores(db: sqlite3.Connection, event: Event, action: str) -> int:
     return db.execute(
         "UPDATE action_runs SET status = 'skipped', reason = ?, finished = ? WHERE status = 'pending' "
@@ -102,11 +131,9 @@ def check(
             )
         if action.changes_world:
             _call_off_restores(db, event, planned.action)
-        last = _last_acted(db, event, planned.action)
-        if last is not None and last.kind == State.FIRING.value:
-            return hold(
-                f"dedup: this series' firing was acted on already (run {last.run}) and has not resolved"
-            )
+        acted = _unresolved_firing(db, event, planned.action)
+        if acted is not None:
+            return hold(f"dedup: this series' firing was acted on already (run {acted}) and has not resolved")
         params = action.params
         if params.cooldown > 0:
             since = _last_firing_run(db, event, planned.action)

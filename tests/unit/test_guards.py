@@ -271,3 +271,35 @@ async def test_a_world_changing_action_that_does_not_restore_is_not_run_on_a_res
     await commit(store, d, rule(("oneway",)), event(State.RESOLVED, now))
     assert [kind for kind, _, _ in Switch.calls] == ["engage"]  # no second run, no restore
     assert await runs(store) == [("oneway", "ok", "")]
+
+
+async def test_vllm_restart_by_default_restarts_at_most_twice_an_hour_and_once_per_series_in_10m(
+    store: Store, tmp_path: Path
+) -> None:
+    from actions.vllm_restart import VllmRestartAction, VllmRestartParams
+
+    params = VllmRestartParams.model_validate(
+        {
+            "type": "vllm_restart",
+            "ladder": [5, 3, 1, 0],
+            "env_file": {"path": str(tmp_path / "s.env")},
+            "unit": "vllm.service",
+        }
+    )
+    d = Dispatcher(store, {"shrink": VllmRestartAction("shrink", params)}, False, DaemonMetrics())
+    item = rule(("shrink",))
+    now = time.time()
+
+    async def fire(series: str, at: float, kind: State = State.FIRING) -> tuple[str, str]:
+        e = event(kind, at, series)
+        states = {e.series: SeriesState(labels=e.labels, state=e.kind, since=e.at)}
+        await store.commit_evaluation(item.name, states, [d.record(item, e)], d.guard)  # recorded, not run
+        rows = sorted(await store.action_runs(), key=lambda r: r["id"])
+        return (rows[-1]["status"], rows[-1]["reason"].split(":")[0]) if rows else ("none", "")
+
+    assert await fire('{"instance":"a:8000"}', now - 120) == ("pending", "")
+    assert await fire('{"instance":"a:8000"}', now - 100, State.RESOLVED) == ("pending", "")  # no run for it
+    assert await fire('{"instance":"a:8000"}', now - 90) == ("skipped", "cooldown")  # same series, 30 s on
+    assert await fire('{"instance":"b:8000"}', now - 60) == ("pending", "")
+    assert await fire('{"instance":"c:8000"}', now - 30) == ("skipped", "budget")  # a third in the hour
+    assert len(await store.action_runs()) == 4  # the resolution planned nothing
