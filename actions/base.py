@@ -60,6 +60,10 @@ class ActionMemory(Protocol):
         lines for ``specguard history`` as (event id, text), written in the same transaction."""
         ...
 
+    def of(self, action: str) -> ActionMemory:
+        """Another action's memory, in the same store (a drain holds a feature flag)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ActionContext:
@@ -136,6 +140,11 @@ class Action(ABC):
     def restore_delay(self) -> float:
         """How long a rule must stay resolved before ``restore`` is called."""
         return 0.0
+
+    def connect(self, actions: Mapping[str, Action]) -> None:
+        """Called once every action of the config is built: an action that uses another (a drain
+        through a feature flag) finds it here. Raises ValueError when it is not there."""
+        return None
 
     def memory(self, ctx: ActionContext) -> ActionMemory:
         if ctx.memory is None:

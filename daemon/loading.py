@@ -346,6 +346,11 @@ def _load_actions(
             actions[name] = cls(name, params)  # type: ignore[arg-type]
         except ValueError as exc:  # a secret it cannot read, say
             problems.append(Problem(label, line_of(data, where), f"actions.{name}", str(exc)))
+    for name, action in actions.items():
+        try:
+            action.connect(actions)
+        except ValueError as exc:  # names an action that is not there, or of the wrong type
+            problems.append(Problem(label, line_of(data, ("actions", name)), f"actions.{name}", str(exc)))
     return actions
 
 

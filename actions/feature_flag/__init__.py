@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from actions.base import Action, ActionContext, ActionParams, Outcome
+from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
 from actions.feature_flag.backends import (
     Backend,
     BackendError,
@@ -98,8 +98,13 @@ class FeatureFlagAction(Action):
         )
 
     async def run(self, ctx: ActionContext) -> Outcome:
-        memory = self.memory(ctx)
-        holder = holder_of(ctx)
+        return await self.hold(self.memory(ctx), holder_of(ctx))
+
+    async def restore(self, ctx: ActionContext) -> Outcome:
+        return await self.release(self.memory(ctx), holder_of(ctx))
+
+    async def hold(self, memory: ActionMemory, holder: str) -> Outcome:
+        """``holder`` holds the flag; engaged if it was not (another action's drain uses this)."""
         async with self._lock:
             now = time.time()
 
@@ -126,9 +131,9 @@ class FeatureFlagAction(Action):
             await memory.update(STATE_KEY, engaged)
             return Outcome(True, f"fallback engaged: {done}")
 
-    async def restore(self, ctx: ActionContext) -> Outcome:
-        memory = self.memory(ctx)
-        holder = holder_of(ctx)
+    async def release(self, memory: ActionMemory, holder: str, canary: bool = True) -> Outcome:
+        """``holder`` lets go; the flag is restored when no holder is left (after the canary, if
+        there is one and ``canary``)."""
         async with self._lock:
 
             def release(record: dict[str, Any] | None) -> dict[str, Any]:
@@ -144,7 +149,7 @@ class FeatureFlagAction(Action):
             if not record["engaged"]:
                 return Outcome(True, "not engaged: nothing to restore")
             checked = ""
-            if self.canary is not None:
+            if self.canary is not None and canary:
                 result = await self.canary.probe()
                 if not result.ok:
                     return await self._failed(memory, result.detail)

@@ -170,7 +170,12 @@ class SlackAction(Action):
             record["actions"].append(_outcome(outcome))
             if not _queued_post(state, incident):
                 what = f"{outcome.action}" + (" (restore)" if outcome.mode == "restore" else "")
-                _put(state, incident, "reply", now, f"{what}: {outcome.status}: {outcome.detail}")
+                said = (
+                    f":rotating_light: {what} FAILED: {outcome.detail}"  # a rollback, a restore refused
+                    if outcome.status == "failed"
+                    else f"{what}: {outcome.status}: {outcome.detail}"
+                )
+                _put(state, incident, "reply", now, said)
                 if self._token is not None:
                     _put(state, incident, "update", now)
             return state

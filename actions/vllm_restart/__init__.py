@@ -19,12 +19,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Outcome
+from actions.feature_flag import FeatureFlagAction
 from actions.vllm_restart import speculative
 from actions.vllm_restart.server import NotReady, Server
 from common.commands import CommandError, run_command
@@ -77,6 +78,7 @@ class VllmRestartParams(ActionParams):
     model: str | None = None  # for the verification's requests; default: the first of /v1/models
     token: SecretRef | None = None  # vLLM's --api-key
     step_up_after: Duration | None = Field(None, gt=0)  # resolved this long: one rung up
+    drain: str | None = None  # a feature_flag action: held during a step, so no user meets a restart
 
     @field_validator("ladder")
     @classmethod
@@ -137,6 +139,20 @@ class VllmRestartAction(Action):
             else tuple(params.command or ())
         )
         self._lock = _LOCKS.setdefault(name, asyncio.Lock())
+        self._drain: FeatureFlagAction | None = None
+
+    def connect(self, actions: Mapping[str, Action]) -> None:
+        if self.p.drain is None:
+            return
+        found = actions.get(self.p.drain)
+        if not isinstance(found, FeatureFlagAction):
+            raise ValueError(f"drain: {self.p.drain!r} is not a feature_flag action of this config")
+        self._drain = found
+
+    @property
+    def holder(self) -> str:
+        """How a drain is recorded among the flag's holders."""
+        return f"vllm_restart:{self.name}"
 
     @property
     def busy(self) -> bool:
@@ -326,6 +342,12 @@ class VllmRestartAction(Action):
             await memory.update(STATE_KEY, lambda s: {**(s or _empty()), "change": dict(change)})
 
         timings: dict[str, float] = change["timings"]
+        drain = self._drain
+        if drain is not None and change["phase"] == "write":  # traffic away before anything changes
+            held = await drain.hold(memory.of(drain.name), self.holder)
+            if not held.ok:
+                detail = f"k {change['from']} -> {change['to']} not started: the drain failed: {held.detail}"
+                return await self._finish(memory, change, False, detail, None)
         try:
             if change["phase"] == "write":
                 if self.p.env_file is not None:  # under the state directory: made on first use
@@ -345,6 +367,7 @@ class VllmRestartAction(Action):
                     f"k {change['from']} -> {change['to']}: restarted in {timings.get('restart', 0):.1f}s, healthy "
                     f"after {timings['ready']:.0f}s; {seen}" + (" (completed after specguard restarted)" if resumed else "")
                 )  # fmt: skip
+                detail += await self._undrain(memory)
                 return await self._finish(memory, change, True, detail, change["to"], change["after"])
         except (OSError, CommandError, NotReady) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -368,11 +391,21 @@ class VllmRestartAction(Action):
             detail = (
                 f"{change.get('why', 'the change failed')}; rolling back failed too: {why}: vLLM needs a hand"
             )
+            if self._drain is not None:
+                detail += "; the drain stays engaged"
             return await self._finish(memory, change, False, detail, None)
         detail = f"{change.get('why', 'the change failed')}; rolled back to k={change['rollback_k']}: {seen}"
+        detail += await self._undrain(memory)
         return await self._finish(
             memory, change, False, detail, change["rollback_k"], change["rollback_text"]
         )
+
+    async def _undrain(self, memory: ActionMemory) -> str:
+        """Let go of the drain once vLLM is verified (no canary: the verification was one)."""
+        if self._drain is None:
+            return ""
+        released = await self._drain.release(memory.of(self._drain.name), self.holder, canary=False)
+        return f"; drain {self._drain.name}: {released.detail}"
 
     async def _restart(self) -> None:
         await run_command(self.restart_argv, self.p.command_timeout, "restart")

@@ -25,3 +25,6 @@ class StoreMemory:
         notes: Callable[[], Sequence[tuple[int, str]]] | None = None,
     ) -> Any:
         return await self.store.memory_update(self.action, key, change, notes)
+
+    def of(self, action: str) -> StoreMemory:
+        return StoreMemory(self.store, action)

@@ -153,6 +153,15 @@ async def test_an_incident_is_one_thread_and_its_parent_shows_the_resolution(
     assert "Resolved at" in texts(parent["blocks"])
     assert len(slack.posted()) == 3
 
+    # a world-changing action that failed later (a restart rolled back) stands out in the thread
+    await oncall.observe(
+        RunOutcome("acceptance_critical", SERIES, "firing", "shrink", "run", "failed", "k 3 -> 1 failed at verify; rolled back to k=3", time.time()),
+        StoreMemory(store, "oncall"),
+    )  # fmt: skip
+    await deliver(oncall, store)
+    last = [m for m in slack.posted() if m["thread_ts"] == parent["ts"]][-1]
+    assert last["text"] == ":rotating_light: shrink FAILED: k 3 -> 1 failed at verify; rolled back to k=3"
+
 
 async def test_a_firing_resolved_within_the_group_wait_is_one_message(
     slack: SlackApi, store: Store, tmp_path: Path

@@ -328,3 +328,55 @@ async def test_a_firing_steps_down_through_the_daemon_and_ladder_steps_by_hand(t
     assert code == 1 and "does not answer" in err and "steps are made by the running daemon" in err
     code, out, err = await specguard("ladder", "show")
     assert code == 1 and "the built-in defaults has no vllm_restart action" in err
+
+
+async def test_a_drain_holds_the_flag_through_the_restart_and_lets_go_once_verified(
+    tmp_path: Path, store: Store
+) -> None:
+    from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+
+    host = Host(tmp_path, "env")
+    host.start()
+    flag_file, seen = tmp_path / "flag.json", tmp_path / "flag-at-restart"
+    flag = FeatureFlagAction("fallback", FeatureFlagParams.model_validate(
+        {"type": "feature_flag", "file": {"path": str(flag_file), "engage": {"speculative": False},
+                                          "restore": {"speculative": True}}}))  # fmt: skip
+    # the restart command notes what the router reads at that moment, then restarts
+    noting = ["/bin/sh", "-c", f'cat {shlex.quote(str(flag_file))} >> {shlex.quote(str(seen))}; exec "$@"', "sh",
+              *host.command]  # fmt: skip
+    action = host.action(command=noting, drain="fallback")
+    action.connect({"fallback": flag, "shrink": action})
+    try:
+        await Server(host.url, None).wait_healthy(30)
+        outcome = await action.run(ctx(store, 1))
+    finally:
+        host.stop()
+    assert outcome.ok, outcome.detail
+    assert json.loads(seen.read_text()) == {"speculative": False}  # drained while vLLM restarted
+    assert json.loads(flag_file.read_text()) == {"speculative": True}  # and back once verified
+    assert "; drain fallback: speculative decoding restored after" in outcome.detail, outcome.detail
+    memory = await StoreMemory(store, "fallback").read("flag")
+    assert memory["engaged"] is False and memory["holders"] == {}
+
+    with pytest.raises(ValueError, match="drain: 'oncall' is not a feature_flag action of this config"):
+        host.action(drain="oncall").connect({"oncall": action})
+
+
+def test_a_drain_that_names_no_feature_flag_is_a_config_problem_with_its_line(tmp_path: Path) -> None:
+    from daemon.loading import load
+
+    config = tmp_path / "specguard.yaml"
+    config.write_text(
+        "actions:\n"
+        "  shrink:\n"
+        "    type: vllm_restart\n"
+        "    ladder: [3, 0]\n"
+        "    env_file: {path: s.env}\n"
+        "    unit: vllm.service\n"
+        "    drain: fallback\n"
+    )
+    loaded = load(config)
+    assert not loaded.ok
+    assert [str(p) for p in loaded.errors] == [
+        f"{config}:2: actions.shrink: drain: 'fallback' is not a feature_flag action of this config"
+    ]
