@@ -359,13 +359,15 @@ class VllmRestartAction(Action):
                 await phase("verify")
             if change["phase"] == "verify":
                 timings["ready"] = await _timed(lambda: self.server.wait_healthy(self.p.health_timeout))
+                checking = time.monotonic()
                 seen = await self.server.verify(
                     change["to"], self.p.verify_requests, self.p.verify_max_tokens, self.p.model
                 )
-                timings["verified"] = time.time() - change["started"]
+                timings["verify"] = time.monotonic() - checking
                 detail = (
                     f"k {change['from']} -> {change['to']}: restarted in {timings.get('restart', 0):.1f}s, healthy "
-                    f"after {timings['ready']:.0f}s; {seen}" + (" (completed after specguard restarted)" if resumed else "")
+                    f"after {timings['ready']:.0f}s, verified in {timings['verify']:.1f}s: {seen}"
+                    + (" (completed after specguard restarted)" if resumed else "")
                 )  # fmt: skip
                 detail += await self._undrain(memory)
                 return await self._finish(memory, change, True, detail, change["to"], change["after"])
