@@ -380,3 +380,25 @@ def test_a_drain_that_names_no_feature_flag_is_a_config_problem_with_its_line(tm
     assert [str(p) for p in loaded.errors] == [
         f"{config}:2: actions.shrink: drain: 'fallback' is not a feature_flag action of this config"
     ]
+
+
+async def test_step_up_after_a_healthy_period_only_when_asked_for(tmp_path: Path, store: Store) -> None:
+    host = Host(tmp_path, "env")
+    host.start()
+    try:
+        await Server(host.url, None).wait_healthy(30)
+        manual = host.action()
+        assert not manual.restores  # a resolution plans nothing: stepping up is by hand
+        assert (await manual.run(ctx(store, 1))).ok
+        kept = await manual.restore(ctx(store, 2))
+        assert kept.ok and kept.detail == "stepping up is by hand: specguard ladder up"
+
+        timed = host.action(step_up_after="30m")
+        assert timed.restores and timed.restore_delay == 1800.0
+        resolved = ActionContext(**{**ctx(store, 3).__dict__, "event": "resolved"})
+        up = await timed.restore(resolved)
+        assert up.ok and "k 2 -> 4" in up.detail and "draft positions 0-3" in up.detail, up.detail
+        again = await timed.restore(resolved)  # the same resolution's restore, repeated: nothing more
+        assert again == up
+    finally:
+        host.stop()
