@@ -91,6 +91,10 @@ class Entry(_Strict):
     instance: str | None = None
     signals: dict[BaselineSignal, BaselineValue] = Field(default_factory=dict)
     speculative: Speculative | None = None
+    # Where the values come from (`specguard bench` writes them): when, how, against which vLLM.
+    measured_at: datetime | None = None
+    measured_with: str = ""
+    vllm_version: str | None = None
 
     def fits(self, labels: Mapping[str, str]) -> bool:
         return (self.model is None or labels.get("model_name") == self.model) and (

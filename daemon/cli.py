@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     signals.add_argument("--format", choices=["table", "json"], default="table")
     _add_export(sub)
     cli_ladder.add_parser(sub, _add_config)
+    from playbook.bench import cli as bench_cli
+
+    bench_cli.add_parser(sub)
     return parser
 
 
@@ -205,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_export(args)
         if args.command == "ladder":
             return cli_ladder.cmd_ladder(args)
+        if args.command == "bench":
+            from playbook.bench import cli as bench_cli
+
+            return bench_cli.cmd_bench(args)
         if args.command == "demo":
             from sim.demo import main as demo_main
 
@@ -270,7 +277,35 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     files = len({r.file for r in loaded.rules})
     print(f"OK: {len(loaded.rules)} rules in {files} file(s), {len(loaded.actions)} action(s)")
+    if loaded.baseline is not None:
+        _print_baseline_use(loaded)
     return 0
+
+
+def _print_baseline_use(loaded: Any) -> None:
+    """Which baseline entries each rule that reads the baseline would use, per model."""
+    baseline = loaded.baseline
+    count = len(baseline.entries)
+    print(
+        f"baseline {loaded.config.baseline} (version {baseline.version}, {count} entr{'y' if count == 1 else 'ies'}):"
+    )
+    for item in loaded.rules:
+        rule = item.rule
+        wanted = rule.test.baseline_signal if rule.test is not None else None
+        if wanted is None and rule.signal != "estimated_speedup":
+            continue
+        uses = []
+        for entry in baseline.entries:
+            who = entry.describe().removeprefix("the baseline entry for ").removeprefix("the ")
+            if wanted is not None:
+                value = entry.signals.get(wanted)
+                shown = f"{wanted} = {value:.4g}" if value is not None else f"no {wanted}"
+            else:
+                cost = entry.speculative.cost() if entry.speculative is not None else "no speculative method"
+                shown = f"draft cost c = {cost:g}" if isinstance(cost, float) else "no draft cost"
+            when = f", measured {entry.measured_at:%Y-%m-%d}" if entry.measured_at else ""
+            uses.append(f"{who}: {shown}{when}")
+        print(f"  {rule.name}: " + "; ".join(uses))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""The speculative-decoding playbook's one-shot tools."""

@@ -1,0 +1,301 @@
+"""``specguard bench``: the command line, the live progress line, the summary table and the JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from playbook.bench import client
+from playbook.bench.load import Load
+from playbook.bench.prompts import CLASSES, PromptError, builtin, load_file
+from playbook.bench.runner import BenchError, Options, bench
+
+DESCRIPTION = """\
+Measure a vLLM server as its clients see it, through its OpenAI API (streamed, with usage):
+TTFT, TPOT ((e2e - TTFT) / (output tokens - 1), tokens from usage, never from counting chunks),
+inter-token latency per chunk and per token, end-to-end latency, throughput and errors by kind;
+and, from the server's /metrics before and after each phase, the acceptance of exactly that phase.
+Built-in prompt sets per traffic class (chat, code, summarization, multilingual, long_context), or
+your own (JSONL, or ShareGPT-style JSON). --against runs the same prompts on a second server
+(speculative decoding off) and gives the speedup per class; --write-baseline writes the baseline
+the latency rules read.
+"""
+
+EPILOG = """\
+examples:
+  specguard bench --url http://127.0.0.1:8000 --num-prompts 200 --concurrency 8
+  specguard bench --url http://127.0.0.1:8000 --classes code,chat --request-rate 4 --duration 2m
+  specguard bench --url http://10.0.0.7:8000 --against http://10.0.0.8:8000 --write-baseline baseline.json --method eagle3
+"""
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "bench",
+        help="measure a vLLM server's latency and acceptance per traffic class; write the baseline",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", help="the served model name (default: the first of /v1/models)")
+    parser.add_argument("--api", choices=["completions", "chat"], default="completions",
+                        help="/v1/completions (default) or /v1/chat/completions")  # fmt: skip
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--classes", help=f"built-in prompt classes, comma-separated (default: all: {', '.join(CLASSES)})"
+    )
+    what.add_argument(
+        "--prompts", type=Path, metavar="FILE", help="your prompts: JSONL, or ShareGPT-style JSON"
+    )
+    parser.add_argument("--no-per-class", dest="per_class", action="store_false",
+                        help="one phase for all prompts instead of one per class")  # fmt: skip
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=_positive_int, metavar="N", help="requests in flight (default 4)")
+    load.add_argument(
+        "--request-rate", type=_positive_float, metavar="R", help="arrivals per second (gamma gaps)"
+    )
+    parser.add_argument(
+        "--max-concurrency", type=_positive_int, metavar="N", help="with --request-rate: at most N in flight"
+    )
+    parser.add_argument("--burstiness", type=_positive_float, default=1.0,
+                        help="with --request-rate: 1 is Poisson; below 1 burstier, above more even")  # fmt: skip
+    count = parser.add_mutually_exclusive_group()
+    count.add_argument(
+        "--num-prompts",
+        type=_positive_int,
+        metavar="N",
+        help="requests per phase (default: each prompt once)",
+    )
+    count.add_argument("--duration", metavar="DURATION", help="measured time per phase, e.g. 2m")
+    parser.add_argument(
+        "--warmup",
+        type=_count,
+        default=2,
+        metavar="N",
+        help="requests per phase before measuring (default 2)",
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
+    parser.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=128,
+        metavar="N",
+        help="output tokens per request (default 128)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="prompt order and arrival times (default 0)")
+    parser.add_argument(
+        "--timeout", type=_positive_float, default=300.0, metavar="SECONDS", help="per request (default 300)"
+    )
+    parser.add_argument(
+        "--against", metavar="URL", help="a second server (speculative decoding off): speedup per class"
+    )
+    parser.add_argument(
+        "--write-baseline", type=Path, metavar="FILE", help="write (or update, per model) this baseline file"
+    )
+    parser.add_argument(
+        "--method", help="the speculative method, recorded in the baseline (e.g. eagle3, draft_model)"
+    )
+    parser.add_argument(
+        "--allow-partial", action="store_true", help="write the baseline even if requests failed"
+    )
+    parser.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be above 0")
+    return value
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rules.durations import parse_duration
+
+    try:
+        if args.prompts is not None:
+            prompts = load_file(args.prompts)
+        else:
+            prompts = builtin(args.classes.split(",") if args.classes else None)
+        duration = parse_duration(args.duration) if args.duration else None
+    except (PromptError, ValueError) as exc:
+        print(f"specguard bench: {exc}", file=sys.stderr)
+        return 2
+    if args.max_concurrency and args.request_rate is None:
+        print(
+            "specguard bench: --max-concurrency goes with --request-rate (else use --concurrency)",
+            file=sys.stderr,
+        )
+        return 2
+    load = Load(
+        concurrency=args.max_concurrency if args.request_rate else (args.concurrency or 4),
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        num_prompts=args.num_prompts,
+        duration=duration,
+        warmup=args.warmup,
+        seed=args.seed,
+    )
+    options = Options(
+        url=args.url.rstrip("/"), prompts=prompts, load=load, model=args.model, api=args.api,
+        per_class=args.per_class, temperature=args.temperature,
+        max_tokens=args.max_tokens, timeout=args.timeout, against=args.against,
+    )  # fmt: skip
+    line = ProgressLine(sys.stderr)
+    started = time.time()
+    try:
+        report = asyncio.run(bench(options, line.update if sys.stderr.isatty() else None))
+    except BenchError as exc:
+        line.clear()
+        print(f"specguard bench: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        line.clear()
+        print("specguard bench: interrupted; nothing written", file=sys.stderr)
+        return 130
+    line.clear()
+    measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    if args.json:
+        print(json.dumps(_plain(report), indent=2))
+    else:
+        print_summary(report, sys.stdout)
+    code = 0
+    if report["partial"]:
+        print("specguard bench: some requests failed (see errors above)", file=sys.stderr)
+        code = 1
+    if args.write_baseline is not None:
+        code = max(code, _write(args, report, measured_at))
+    return code
+
+
+def _write(args: argparse.Namespace, report: dict[str, Any], measured_at: str) -> int:
+    from playbook.bench.baseline import BaselineWriteError, entry, write
+
+    if report["partial"] and not args.allow_partial:
+        print(f"specguard bench: not writing {args.write_baseline} from a run with failed requests "
+              "(--allow-partial writes it anyway)", file=sys.stderr)  # fmt: skip
+        return 1
+    try:
+        said = write(args.write_baseline, entry(report, args.method, measured_at), measured_at)
+    except BaselineWriteError as exc:
+        print(f"specguard bench: {exc}", file=sys.stderr)
+        return 1
+    print(f"baseline: {said}", file=sys.stderr)
+    return 0
+
+
+class ProgressLine:
+    """One line on a terminal, rewritten as answers come in: per phase, requests done and errors."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.counts: dict[str, list[int]] = {}
+        self.shown = False
+        self.started = time.monotonic()
+
+    def update(self, klass: str, result: client.Result) -> None:
+        done = self.counts.setdefault(klass, [0, 0])
+        done[0] += 1
+        done[1] += 0 if result.ok else 1
+        self.out.write(
+            f"\r[{klass}] {done[0]} requests, {done[1]} errors, {time.monotonic() - self.started:.0f}s   "
+        )
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.out.write("\r" + " " * 70 + "\r")
+            self.out.flush()
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def print_summary(report: dict[str, Any], out: TextIO) -> None:
+    server = report["server"]
+    spec = f"k={server['draft_positions']}" if server["draft_positions"] else "no speculative decoding"
+    out.write(f"{server['url']}  model {server['model']}  vLLM {server['vllm_version'] or '?'}  {spec}\n\n")
+    _table(report["phases"], out)
+    against = report.get("against")
+    if against:
+        out.write(
+            f"\nagainst {against['url']}  model {against['model']}  vLLM {against['vllm_version'] or '?'}\n\n"
+        )
+        _table(against["phases"], out)
+        out.write("\nspeedup (median TPOT and e2e of the second server over the first's)\n")
+        rows = [("CLASS", "TPOT", "E2E", "GAINS", "DRAFT COST c")]
+        for klass, row in report["comparison"].items():
+            rows.append((klass, _x(row["tpot_speedup"]), _x(row["e2e_speedup"]), "yes" if row["gains"] else "NO",
+                         f"{row['draft_cost']:.3f}" if "draft_cost" in row else "-"))  # fmt: skip
+        _columns(rows, out)
+        losers = [k for k, row in report["comparison"].items() if not row["gains"]]
+        if losers:
+            out.write(f"\nslower with speculation: {', '.join(losers)}: route them to standard decoding\n")
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _table(phases: dict[str, Any], out: TextIO) -> None:
+    rows = [("CLASS", "OK/REQ", "TTFT p50/p95 ms", "TPOT p50/p95 ms", "ITL p50 ms", "E2E p50/p95 s",
+             "TOK/S", "ACCEPT", "MAL", "PER POSITION")]  # fmt: skip
+    for klass, phase in phases.items():
+        s, a = phase["summary"], phase["acceptance"] or {}
+        e2e = s["e2e"]
+        rows.append((
+            klass, f"{s['completed']}/{s['requests']}",
+            f"{_ms(s['ttft']['p50'])}/{_ms(s['ttft']['p95'])}", f"{_ms(s['tpot']['p50'])}/{_ms(s['tpot']['p95'])}",
+            _ms(s["itl"]["p50"]),
+            "-" if e2e["p50"] is None else f"{e2e['p50']:.2f}/{e2e['p95']:.2f}",
+            "-" if s["output_throughput"] is None else f"{s['output_throughput']:.0f}",
+            f"{a['rate']:.2f}" if "rate" in a else "-",
+            f"{a['mean_acceptance_length']:.2f}" if "mean_acceptance_length" in a else "-",
+            " ".join(f"{p:.2f}" for p in a.get("per_position", [])) or "-",
+        ))  # fmt: skip
+    _columns(rows, out)
+    for klass, phase in phases.items():
+        for kind, count in phase["summary"]["errors"].items():
+            out.write(
+                f"  {klass}: {count} {kind} error(s), e.g. {phase['summary']['error_examples'][kind]}\n"
+            )
+
+
+def _columns(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
+
+
+def _plain(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without the per-request results (kept for the baseline), for --json."""
+
+    def phases(items: dict[str, Any]) -> dict[str, Any]:
+        return {k: {key: v for key, v in phase.items() if key != "results"} for k, phase in items.items()}
+
+    out = {**report, "phases": phases(report["phases"])}
+    if "against" in report:
+        out["against"] = {**report["against"], "phases": phases(report["against"]["phases"])}
+    return out

@@ -1,0 +1,128 @@
+"""What a run measured: latency distributions, throughput, errors, and the speculative decoding
+vLLM counted for exactly that run (its ``/metrics`` before and after)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from playbook.bench.client import Result
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+DRAFTS = "vllm:spec_decode_num_drafts"
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default), None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def distribution(values: Sequence[float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"mean": sum(values) / len(values) if values else None}
+    for q in QUANTILES:
+        out[f"p{round(q * 100)}"] = quantile(values, q)
+    return out
+
+
+@dataclass
+class SpecCounts:
+    accepted: float = 0.0
+    draft_tokens: float = 0.0
+    drafts: float = 0.0
+    per_position: dict[int, float] = field(default_factory=dict)
+    present: bool = False  # the page exported speculative-decoding counters at all
+
+
+def spec_counts(page: str) -> SpecCounts:
+    """vLLM's speculative-decoding counters on a ``/metrics`` page, summed over engines."""
+    counts = SpecCounts()
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if sample.name.endswith("_created"):
+                continue
+            if name == ACCEPTED:
+                counts.accepted += sample.value
+            elif name == DRAFT_TOKENS:
+                counts.draft_tokens += sample.value
+            elif name == DRAFTS:
+                counts.drafts += sample.value
+            elif name == PER_POSITION and "position" in sample.labels:
+                position = int(sample.labels["position"])
+                counts.per_position[position] = counts.per_position.get(position, 0.0) + sample.value
+            else:
+                continue
+            counts.present = True
+    return counts
+
+
+def acceptance(before: SpecCounts, after: SpecCounts) -> dict[str, Any] | None:
+    """Acceptance over the run: rate (accepted / draft tokens), mean acceptance length (1 +
+    accepted / drafts, the bonus token included) and per position (accepted there / drafts).
+    None when the server does no speculative decoding; a server restarted in between (counters
+    went back) says so."""
+    if not after.present:
+        return None
+    drafts = after.drafts - before.drafts
+    drafted = after.draft_tokens - before.draft_tokens
+    accepted = after.accepted - before.accepted
+    if drafts < 0 or drafted < 0 or accepted < 0:
+        return {"error": "the server's counters went back during the run (it restarted)"}
+    if drafts == 0 or drafted == 0:
+        return {"error": "no drafts during the run", "drafts": 0}
+    return {
+        "rate": accepted / drafted,
+        "mean_acceptance_length": 1 + accepted / drafts,
+        "per_position": [
+            (after.per_position.get(i, 0.0) - before.per_position.get(i, 0.0)) / drafts
+            for i in sorted(after.per_position)
+        ],
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+    }
+
+
+def summarize(results: Sequence[Result], seconds: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    tpot = [t for r in ok if (t := r.tpot) is not None]
+    e2e = [r.e2e for r in ok if r.e2e is not None]
+    itl = [gap for r in ok for gap in r.gaps]
+    # Token-weighted: a chunk that brought n tokens after a gap counts as n tokens each gap / n apart.
+    per_token = [
+        gap / n for r in ok for gap, n in zip(r.gaps, r.gap_tokens, strict=True) if n > 0 for _ in range(n)
+    ]
+    output = sum(r.output_tokens for r in ok)
+    errors = Counter(r.error_kind for r in results if not r.ok)
+    return {
+        "requests": len(results),
+        "completed": len(ok),
+        "errors": dict(sorted(errors.items())),
+        "error_examples": {kind: next(r.error for r in results if r.error_kind == kind) for kind in errors},
+        "seconds": seconds,
+        "request_throughput": len(ok) / seconds if seconds > 0 else None,
+        "output_throughput": output / seconds if seconds > 0 else None,
+        "output_tokens": output,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "ttft": distribution(ttft),
+        "tpot": distribution(tpot),
+        "itl": distribution(itl),
+        "itl_per_token": distribution(per_token),
+        "e2e": distribution(e2e),
+        "tokens_per_chunk": (sum(sum(r.gap_tokens) for r in ok) / len(itl)) if itl else None,
+    }

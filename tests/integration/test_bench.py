@@ -1,0 +1,290 @@
+"""`specguard bench` against the simulator, whose ground truth (GET /sim/ground-truth) gives each
+request's true tokens, TTFT and TPOT, and vLLM's spec-decode counters: the benchmark's figures
+match it, at k = 5 with high acceptance where counting chunks would undercount tokens five-fold.
+Then the A/B run, the baseline file, and each kind of bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import statistics
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from daemon.baseline import parse_baseline
+from playbook.bench.baseline import BaselineWriteError, entry, write
+from playbook.bench.load import Load
+from playbook.bench.prompts import Prompt
+from playbook.bench.runner import BenchError, Options, bench
+from sim.options import SimOptions, SpeculativeConfig
+from sim.server import Simulator, start_simulator
+from tests.processes import specguard
+
+PROMPTS = [Prompt("chat", f"Tell me something about the number {i}.") for i in range(6)] + [
+    Prompt("code", f"Write a function that returns {i} squared.") for i in range(6)
+]
+
+
+async def simulator(k: int | None, step: float = 0.1, acceptance: float = 0.9) -> Simulator:
+    speculative = SpeculativeConfig("draft_model", "tiny-draft", k) if k else None
+    return await start_simulator(
+        SimOptions(
+            port=0,
+            speculative=speculative,
+            acceptance_by_position=[acceptance],
+            step_time=step,
+            draft_cost=0.1,
+            seed=11,
+        )
+    )
+
+
+@pytest.fixture
+async def spec() -> AsyncIterator[Simulator]:
+    sim = await simulator(5)
+    yield sim
+    await sim.stop()
+
+
+async def truth(url: str) -> dict[str, dict[str, Any]]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/sim/ground-truth") as answer:
+        return {r["id"]: r for r in await answer.json()}
+
+
+def options(url: str, **extra: Any) -> Options:
+    return Options(
+        url=url, prompts=PROMPTS, load=Load(concurrency=2, warmup=0, seed=3), max_tokens=40, **extra
+    )
+
+
+def quick(url: str, against: str) -> Options:
+    """Fewer and shorter requests: a plain server takes a step per token."""
+    return Options(
+        url=url,
+        prompts=PROMPTS[:3] + PROMPTS[6:9],
+        load=Load(concurrency=3, warmup=0, seed=3),
+        max_tokens=32,
+        against=against,
+    )
+
+
+async def test_the_figures_match_the_servers_ground_truth_at_k_5(spec: Simulator) -> None:
+    report = await bench(options(spec.url))
+    records = await truth(spec.url)
+    assert not report["partial"] and list(report["phases"]) == ["chat", "code"]
+    results = [r for phase in report["phases"].values() for r in phase["results"]]
+    assert len(results) == 12 and all(r.ok for r in results)
+    ttft, true_ttft, tpot, true_tpot, e2e, true_e2e = [], [], [], [], [], []
+    for result in results:
+        record = records[result.response_id]
+        assert result.output_tokens == record["completion_tokens"] == 40  # from usage, exactly
+        assert result.prompt_tokens == record["prompt_tokens"]
+        # chunks carry ~ the mean acceptance length each: counting them would be far off
+        assert len(result.gaps) + 1 <= record["completion_tokens"] / 3
+        assert sum(result.gap_tokens) + record["steps"][0]["tokens"] == record["completion_tokens"]
+        ttft.append(result.ttft)
+        true_ttft.append(record["first_token_time"] - record["arrival_time"])
+        tpot.append(result.tpot)
+        true_tpot.append(
+            (record["finished_time"] - record["first_token_time"]) / (record["completion_tokens"] - 1)
+        )
+        e2e.append(result.e2e)
+        true_e2e.append(record["finished_time"] - record["arrival_time"])
+    for measured, true in ((ttft, true_ttft), (tpot, true_tpot), (e2e, true_e2e)):
+        assert statistics.median(measured) == pytest.approx(statistics.median(true), rel=0.02)
+        # a mean takes in every hiccup of a loaded machine's event loop; the median does not
+        assert statistics.mean(measured) == pytest.approx(statistics.mean(true), rel=0.05)
+
+    # acceptance for exactly the run, from /metrics before and after, against the ground truth
+    for klass, phase in report["phases"].items():
+        mine = [records[r.response_id] for r in phase["results"]]
+        accepted = sum(s["accepted"] for r in mine for s in r["steps"])
+        drafted = sum(s["draft_tokens"] for r in mine for s in r["steps"])
+        drafts = sum(1 for r in mine for s in r["steps"] if s["draft_tokens"])
+        got = phase["acceptance"]
+        assert got["rate"] == pytest.approx(accepted / drafted), klass
+        assert got["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts), klass
+        assert len(got["per_position"]) == 5 and got["per_position"][0] > got["per_position"][4]
+    assert report["server"]["draft_positions"] == 5
+
+
+async def test_against_a_server_without_speculation_gives_the_speedup_and_the_drafts_cost(
+    spec: Simulator,
+) -> None:
+    plain = await simulator(None, step=0.1)
+    try:
+        report = await bench(quick(spec.url, plain.url))
+    finally:
+        await plain.stop()
+    assert report["against"]["draft_positions"] == 0
+    for klass in ("chat", "code"):
+        row = report["comparison"][klass]
+        assert row["gains"] and row["tpot_speedup"] > 2.5, row  # ~ MAL / (1 + 5 c) = 4.7 / 1.5
+        assert row["draft_cost"] == pytest.approx(0.1, abs=0.02), row  # the simulator's c
+
+
+async def test_a_collapsed_acceptance_shows_as_a_loss(tmp_path: Path) -> None:
+    poor, plain = await simulator(5, step=0.03, acceptance=0.05), await simulator(None, step=0.03)
+    try:
+        report = await bench(quick(poor.url, plain.url))
+    finally:
+        await poor.stop()
+        await plain.stop()
+    assert all(not row["gains"] for row in report["comparison"].values()), report["comparison"]
+
+
+async def test_the_baseline_is_written_per_model_and_read_by_the_daemon(
+    spec: Simulator, tmp_path: Path
+) -> None:
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"version": 2, "measured_at": "2026-11-01T00:00:00Z", "entries": [
+        {"model": "other-model", "signals": {"e2e_latency_p95": 9.0}},
+        {"model": "tiny-llama", "signals": {"e2e_latency_p95": 99.0}},
+    ]}))  # fmt: skip
+    report = await bench(options(spec.url))
+    said = write(path, entry(report, "draft_model", "2026-12-03T10:00:00Z"), "2026-12-03T10:00:00Z")
+    assert said.endswith("replaced the entry for model tiny-llama (2 entries)")
+    written = json.loads(path.read_text())
+    other, mine = written["entries"]
+    assert other == {"model": "other-model", "signals": {"e2e_latency_p95": 9.0}}
+    e2e = sorted(r.e2e for p in report["phases"].values() for r in p["results"])
+    assert mine["signals"]["e2e_latency_p95"] == pytest.approx(
+        statistics.quantiles(e2e, n=100, method="inclusive")[94]
+    )
+    assert set(mine["signals"]) == {
+        "e2e_latency_p50",
+        "e2e_latency_p95",
+        "e2e_latency_p99",
+        "ttft_p95",
+        "itl_p50",
+        "itl_p95",
+    }
+    assert mine["vllm_version"] == "0.32.0" and mine["speculative"] == {"method": "draft_model"}
+    assert "12 requests, concurrency 2" in mine["measured_with"]
+    baseline = parse_baseline(written)
+    assert (
+        baseline.value({"model_name": "tiny-llama"}, "e2e_latency_p95") == mine["signals"]["e2e_latency_p95"]
+    )
+
+    path.write_text('{"version": 2, "entries": [}')
+    with pytest.raises(BaselineWriteError, match=r"baseline.json:1: not JSON .*; not overwritten"):
+        write(path, entry(report, None, "2026-12-03T10:00:00Z"), "2026-12-03T10:00:00Z")
+    assert path.read_text() == '{"version": 2, "entries": [}'
+
+
+async def test_a_server_that_is_not_there_or_lacks_the_model_is_said_plainly(
+    spec: Simulator, unused_tcp_port: int
+) -> None:
+    with pytest.raises(
+        BenchError, match=r"nothing answers at http://127.0.0.1:\d+ .* wait until its /health answers"
+    ):
+        await bench(options(f"http://127.0.0.1:{unused_tcp_port}"))
+    with pytest.raises(BenchError, match="does not serve 'llama-70b'; it serves tiny-llama"):
+        await bench(options(spec.url, model="llama-70b"))
+
+
+async def broken_server(mode: str) -> web.AppRunner:
+    """A server that speaks just enough of vLLM's API to be benchmarked, then fails its requests:
+    ``4xx`` refuses each, ``cut`` closes the stream half-way."""
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "tiny-llama"}]})
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        if mode == "4xx":
+            return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {
+            "id": "x",
+            "choices": [{"text": "one"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        }
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+@pytest.mark.parametrize(("mode", "kind", "why"), [("4xx", "http_4xx", "HTTP 400: max_tokens is too large"),
+                                                   ("cut", "cut", "")])  # fmt: skip
+async def test_failed_requests_are_counted_by_kind_and_no_baseline_is_written(
+    mode: str, kind: str, why: str, tmp_path: Path
+) -> None:
+    runner = await broken_server(mode)
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        code, out, err = await specguard(
+            "bench", "--url", url, "--classes", "chat", "--num-prompts", "5", "--warmup", "0",
+            "--write-baseline", str(tmp_path / "baseline.json"),
+        )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    assert code == 1, (out, err)
+    assert re.search(r"^chat +0/5 ", out, re.M) and f"chat: 5 {kind} error(s), e.g. {why}" in out, out
+    assert "not writing" in err and "--allow-partial writes it anyway" in err
+    assert not (tmp_path / "baseline.json").exists()
+    assert "Traceback" not in out + err
+
+
+async def test_bad_command_lines_and_prompt_files_are_refused_with_the_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": 5}\n')
+    code, _, err = await specguard("bench", "--url", "http://127.0.0.1:9", "--prompts", str(bad))
+    assert code == 2 and f"{bad}:2" in err and "prompt" in err, err
+    code, _, err = await specguard("bench", "--url", "http://127.0.0.1:9", "--classes", "poetry")
+    assert code == 2 and "poetry" in err and "chat" in err, err
+    code, _, err = await specguard("bench", "--url", "http://127.0.0.1:9", "--concurrency", "0")
+    assert code == 2 and "must be at least 1" in err
+    code, _, err = await specguard("bench", "--url", "http://127.0.0.1:9", "--duration", "soon")
+    assert (code == 2 and "--duration" not in err) or "invalid duration" in err, err
+    code, _, err = await specguard("bench", "--url", "http://127.0.0.1:9", "--max-concurrency", "2")
+    assert code == 2 and "--max-concurrency goes with --request-rate" in err
+    code, _, err = await specguard("bench", "--url", "http://127.0.0.1:9", "--num-prompts", "2")
+    assert code == 1 and "nothing answers at http://127.0.0.1:9" in err and "Traceback" not in err
+
+
+async def test_the_command_prints_the_table_and_json(spec: Simulator) -> None:
+    code, out, err = await specguard("bench", "--url", spec.url, "--classes", "code", "--num-prompts", "4",
+                                     "--max-tokens", "16", "--json")  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["phases"]["code"]["summary"]["completed"] == 4
+    assert report["phases"]["code"]["acceptance"]["mean_acceptance_length"] > 3
+    code, out, err = await specguard("bench", "--url", spec.url, "--classes", "code", "--num-prompts", "4",
+                                     "--max-tokens", "16", "--request-rate", "20", "--burstiness", "0.5")  # fmt: skip
+    assert code == 0, err
+    assert out.splitlines()[0].endswith("model tiny-llama  vLLM 0.32.0  k=5")
+    assert out.splitlines()[3].startswith("code   4/4")
+
+
+def test_open_loop_arrivals_follow_the_rate(tmp_path: Path) -> None:
+    from playbook.bench.load import run
+
+    sent: list[float] = []
+
+    async def send(prompt: Prompt) -> Any:
+        sent.append(asyncio.get_running_loop().time())
+        from playbook.bench.client import Result
+
+        return Result(prompt.klass, 0.0, ok=True)
+
+    results, _ = asyncio.run(run(Load(request_rate=50.0, num_prompts=200, seed=5), PROMPTS, send))
+    assert len(results) == 200
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert statistics.mean(gaps) == pytest.approx(1 / 50, rel=0.25)  # Poisson arrivals at 50/s
