@@ -100,4 +100,5 @@ def write(path: Path, made: dict[str, Any], measured_at: str) -> str:
     except OSError as exc:
         raise BaselineWriteError(f"{path}: cannot write it: {exc.strerror or exc}") from None
     verb = "replaced" if replaced else "added"
-    return f"{path}: {verb} the entry for model {made['model']} ({len(kept) + 1} entries)"
+    count = len(kept) + 1
+    return f"{path}: {verb} the entry for model {made['model']} ({count} entr{'y' if count == 1 else 'ies'})"
