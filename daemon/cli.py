@@ -519,7 +519,7 @@ def _state_database(args: argparse.Namespace, command: str) -> Path | None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from daemon.store import Store, StoreError
+    from daemon.store import StoreError, opened
 
     since = None
     if args.since is not None:
@@ -535,12 +535,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 1
 
     async def read() -> list[dict[str, Any]]:
-        store = Store(path)
-        try:
-            await store.open()
+        async with opened(path) as store:
             return await store.history(args.rule, max(1, args.limit), since)
-        finally:
-            await store.close()
 
     try:
         events = asyncio.run(read())
@@ -787,7 +783,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
     from functools import partial
 
     from daemon.dispatch import silences
-    from daemon.store import Store, StoreError
+    from daemon.store import StoreError, opened
     from rules.durations import parse_duration
 
     now = time.time()
@@ -804,9 +800,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
         return 1
 
     async def act() -> Any:
-        store = Store(path)
-        try:
-            await store.open()
+        async with opened(path) as store:
             if args.verb == "add":
                 author = args.author or os.environ.get("SUDO_USER") or os.environ.get("USER") or "?"
                 return await store.call(
@@ -816,8 +810,6 @@ def cmd_silence(args: argparse.Namespace) -> int:
             if args.verb == "expire":
                 return await store.call(partial(silences.expire, silence_id=args.id, now=now))
             return await store.call(partial(silences.listed, now=now, everything=args.all))
-        finally:
-            await store.close()
 
     try:
         result = asyncio.run(act())

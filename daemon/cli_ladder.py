@@ -116,17 +116,13 @@ async def _post(url: str, body: dict[str, Any], headers: dict[str, str], wait: f
 def _show(args: argparse.Namespace, loaded: Any, found: dict[str, Any]) -> int:
     from daemon.dispatch.memory import StoreMemory
     from daemon.runtime import STORE_FILE
-    from daemon.store import Store, StoreError
+    from daemon.store import StoreError, opened
 
     path = loaded.config.resolved_state_dir() / STORE_FILE
 
     async def read() -> list[dict[str, Any]]:
-        store = Store(path)
-        try:
-            await store.open()
+        async with opened(path) as store:
             return [await action.show(StoreMemory(store, name)) for name, action in found.items()]
-        finally:
-            await store.close()
 
     try:
         shown = asyncio.run(read())

@@ -17,7 +17,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +153,17 @@ class ActionRun:
     summary: str
     annotations: dict[str, str]
     since: float | None = None  # a firing's: when its breach began
+
+
+@contextlib.asynccontextmanager
+async def opened(path: Path) -> AsyncIterator[Store]:
+    """The store at ``path``, open for the block (the one-shot commands' way in)."""
+    store = Store(path)
+    try:
+        await store.open()
+        yield store
+    finally:
+        await store.close()
 
 
 class Store:

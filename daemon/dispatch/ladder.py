@@ -19,7 +19,7 @@ from aiohttp import web
 
 from actions import Action
 from actions.vllm_restart import VllmRestartAction
-from common.secrets import bearer_matches
+from daemon.dispatch import api
 from daemon.dispatch.memory import StoreMemory
 from daemon.store import Store
 
@@ -34,12 +34,7 @@ def api_routes(
     actions: Callable[[], Mapping[str, Action]], store: Store, token: Callable[[], str | None]
 ) -> list[web.RouteDef]:
     def refused(request: web.Request) -> web.Response | None:
-        secret = token()
-        if secret is None or bearer_matches(request.headers.get("Authorization", ""), secret):
-            return None
-        return web.json_response(
-            {"error": "missing or wrong bearer token"}, status=401, headers={"WWW-Authenticate": "Bearer"}
-        )
+        return api.refused(request, token())
 
     async def get(request: web.Request) -> web.Response:
         shown = [await a.show(StoreMemory(store, name)) for name, a in ladders(actions()).items()]

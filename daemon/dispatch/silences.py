@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from common.secrets import bearer_matches
+from daemon.dispatch import api
 from daemon.store import transaction
 from rules.durations import parse_duration
 from rules.matchers import all_match, parse_matchers
@@ -162,12 +162,7 @@ def api_routes(
     writes need (None: none, the daemon listens on loopback only)."""
 
     def refused(request: web.Request) -> web.Response | None:
-        secret = token()
-        if secret is None or bearer_matches(request.headers.get("Authorization", ""), secret):
-            return None
-        return web.json_response(
-            {"error": "missing or wrong bearer token"}, status=401, headers={"WWW-Authenticate": "Bearer"}
-        )
+        return api.refused(request, token())
 
     async def get(request: web.Request) -> web.Response:
         everything = request.query.get("all", "") in ("1", "true", "yes")
