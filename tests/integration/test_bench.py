@@ -288,3 +288,18 @@ def test_open_loop_arrivals_follow_the_rate(tmp_path: Path) -> None:
     assert len(results) == 200
     gaps = [b - a for a, b in itertools.pairwise(sent)]
     assert statistics.mean(gaps) == pytest.approx(1 / 50, rel=0.25)  # Poisson arrivals at 50/s
+
+
+async def test_check_shows_the_baseline_entries_the_rules_read(spec: Simulator, tmp_path: Path) -> None:
+    code, _, err = await specguard("bench", "--url", spec.url, "--classes", "code", "--num-prompts", "4",
+                                   "--max-tokens", "16", "--write-baseline", str(tmp_path / "baseline.json"),
+                                   "--method", "draft_model")  # fmt: skip
+    assert code == 0 and "added the entry for model tiny-llama (1 entry)" in err, err
+    written = json.loads((tmp_path / "baseline.json").read_text())["entries"][0]
+    (tmp_path / "specguard.yaml").write_text("baseline: baseline.json\nrules: [builtin:speculative]\n")
+    code, out, err = await specguard("check", "--config", str(tmp_path / "specguard.yaml"))
+    assert code == 0, err
+    p95 = written["signals"]["e2e_latency_p95"]
+    assert f"  latency_regression: model tiny-llama: e2e_latency_p95 = {p95:.4g}, measured " in out, out
+    # draft_model has no default cost: the A/B run measures it; without one, check says so
+    assert "  speculation_unprofitable: model tiny-llama: no draft cost" in out, out
