@@ -39,6 +39,17 @@ log = logging.getLogger("specguard.action.vllm_restart")
 STATE_KEY = "ladder"
 KEEP_DONE = 50  # outcomes remembered per firing (a run repeated after a crash answers from here)
 KEEP_LOG = 200  # rung changes kept for `specguard ladder show`
+SHOWN_CHANGE = (
+    "from",
+    "to",
+    "reason",
+    "event_id",
+    "way",
+    "phase",
+    "started",
+    "config_before",
+    "config_after",
+)
 # One change of a vLLM at a time, per action name, across config reloads (which build new instances).
 _LOCKS: dict[str, asyncio.Lock] = {}
 
@@ -232,13 +243,15 @@ class VllmRestartAction(Action):
             file_k: int | str | None = int(in_file.get(speculative.K, 0)) if in_file else 0
         except speculative.ConfigError as exc:
             file_k = f"unreadable: {exc}"
+        change = state["change"]
         return {
             "action": self.name,
             "ladder": list(self.p.ladder),
             "k": state["k"] if state["k"] is not None else file_k,
             "file": str(self.path),
             "file_k": file_k,
-            "change": state["change"],
+            # not the files' texts the journal keeps for a rollback: vLLM's YAML may hold its api-key
+            "change": None if change is None else {k: change[k] for k in SHOWN_CHANGE if k in change},
             "log": state["log"],
         }
 

@@ -208,6 +208,10 @@ async def test_a_change_cut_short_is_completed_by_the_next_daemon(host: Host, st
         await task
     state = await memory.read(STATE_KEY)
     assert state["change"]["phase"] == "verify" and state["change"]["to"] == 2
+    shown = (await action.show(memory))["change"]
+    assert shown["phase"] == "verify" and not {"before", "after", "rollback_text"} & set(
+        shown
+    )  # no file texts
 
     fresh = host.action()  # the next daemon's instance
     assert await fresh.tick(memory) is None
