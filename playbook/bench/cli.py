@@ -15,6 +15,7 @@ from playbook.bench import client
 from playbook.bench.load import Load
 from playbook.bench.prompts import CLASSES, PromptError, builtin, load_file
 from playbook.bench.runner import BenchError, Options, bench
+from playbook.bench.stats import summarize
 
 DESCRIPTION = """\
 Measure a vLLM server as its clients see it, through its OpenAI API (streamed, with usage):
@@ -161,17 +162,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         per_class=args.per_class, temperature=args.temperature,
         max_tokens=args.max_tokens, timeout=args.timeout, against=args.against,
     )  # fmt: skip
-    line = ProgressLine(sys.stderr)
+    line = ProgressLine(sys.stderr, show=sys.stderr.isatty())
     started = time.time()
     try:
-        report = asyncio.run(bench(options, line.update if sys.stderr.isatty() else None))
+        report = asyncio.run(bench(options, line.update))
     except BenchError as exc:
         line.clear()
         print(f"specguard bench: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # what was measured so far, and no baseline from it
         line.clear()
-        print("specguard bench: interrupted; nothing written", file=sys.stderr)
+        _table({k: {"summary": summarize(r, line.elapsed(k)), "acceptance": None} for k, r in line.results.items()},
+               sys.stdout)  # fmt: skip
+        print("specguard bench: interrupted: the figures above are of the requests answered so far; "
+              "no baseline written", file=sys.stderr)  # fmt: skip
         return 130
     line.clear()
     measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
@@ -205,23 +209,32 @@ def _write(args: argparse.Namespace, report: dict[str, Any], measured_at: str) -
 
 
 class ProgressLine:
-    """One line on a terminal, rewritten as answers come in: per phase, requests done and errors."""
+    """One line on a terminal (``show``), rewritten as answers come in: per phase, requests done
+    and errors. It keeps the results too, for a run cut short by Ctrl-C."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, show: bool) -> None:
         self.out = out
-        self.counts: dict[str, list[int]] = {}
+        self.show = show
+        self.results: dict[str, list[client.Result]] = {}
+        self.first: dict[str, float] = {}
         self.shown = False
         self.started = time.monotonic()
 
     def update(self, klass: str, result: client.Result) -> None:
-        done = self.counts.setdefault(klass, [0, 0])
-        done[0] += 1
-        done[1] += 0 if result.ok else 1
+        done = self.results.setdefault(klass, [])
+        done.append(result)
+        self.first.setdefault(klass, result.started)
+        if not self.show:
+            return
+        errors = sum(1 for r in done if not r.ok)
         self.out.write(
-            f"\r[{klass}] {done[0]} requests, {done[1]} errors, {time.monotonic() - self.started:.0f}s   "
+            f"\r[{klass}] {len(done)} requests, {errors} errors, {time.monotonic() - self.started:.0f}s   "
         )
         self.out.flush()
         self.shown = True
+
+    def elapsed(self, klass: str) -> float:
+        return max(1e-9, time.perf_counter() - self.first.get(klass, time.perf_counter()))
 
     def clear(self) -> None:
         if self.shown:

@@ -9,7 +9,9 @@ import asyncio
 import itertools
 import json
 import re
+import signal
 import statistics
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -326,3 +328,30 @@ async def test_tokens_without_text_are_output_all_the_same() -> None:
         await runner.cleanup()
     results = report["phases"]["chat"]["results"]
     assert [(r.ok, r.output_tokens, r.gap_tokens) for r in results] == [(True, 8, [2, 5])] * 2
+
+
+async def test_ctrl_c_reports_what_was_measured_and_writes_no_baseline(
+    spec: Simulator, tmp_path: Path
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "bench", "--url", spec.url, "--classes", "chat", "--max-tokens", "40",
+        "--concurrency", "2", "--warmup", "0", "--write-baseline", str(tmp_path / "baseline.json"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    truth_url = spec.url + "/sim/ground-truth"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):  # until some requests are answered (0.1 s steps: about 1 s each)
+            async with session.get(truth_url) as answer:
+                if len([r for r in await answer.json() if r["finished_time"]]) >= 4:
+                    break
+            await asyncio.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 130, err
+    row = re.search(r"^chat +(\d+)/(\d+) ", out.decode(), re.M)
+    assert row and int(row[1]) >= 4 and row[1] == row[2], out.decode()  # the answered ones, all measured
+    assert (
+        "interrupted: the figures above are of the requests answered so far; no baseline written"
+        in err.decode()
+    )
+    assert not (tmp_path / "baseline.json").exists() and b"Traceback" not in err
