@@ -149,9 +149,10 @@ async def _read(answer: aiohttp.ClientResponse, api: Api, result: Result) -> Res
             result.gap_tokens.append(tokens + pending)
         pending = 0
         last_text_at = now
-    if not done or counted == 0:
-        why = "the stream ended without [DONE]" if not done else "the server sent no usage"
-        return result.fail("cut", why)
+    if not done:
+        return result.fail("cut", "the stream ended without [DONE]")
+    if counted == 0:  # a server that ignores stream_options.include_usage: no token counts to trust
+        return result.fail("bad_stream", "the server sent no usage (stream_options.include_usage)")
     result.e2e = time.perf_counter() - result.started
     result.ok = result.ttft is not None
     if not result.ok:

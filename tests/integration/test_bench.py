@@ -204,9 +204,14 @@ async def broken_server(mode: str) -> web.AppRunner:
             return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        if (
-            mode == "no-text"
-        ):  # tokens that decode to no text yet (a tiny model's bytes, say): output all the same
+        if mode == "no-usage":  # a server that ignores stream_options.include_usage
+            for text in ("a", "b"):
+                chunk = {"id": "x", "choices": [{"text": text}]}
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            return response
+        # tokens that decode to no text yet (a tiny model's bytes, say): output all the same
+        if mode == "no-text":
             for n in (1, 3, 8):
                 chunk = {
                     "id": "x",
@@ -235,8 +240,14 @@ async def broken_server(mode: str) -> web.AppRunner:
     return runner
 
 
-@pytest.mark.parametrize(("mode", "kind", "why"), [("4xx", "http_4xx", "HTTP 400: max_tokens is too large"),
-                                                   ("cut", "cut", "")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "kind", "why"),
+    [
+        ("4xx", "http_4xx", "HTTP 400: max_tokens is too large"),
+        ("cut", "cut", ""),
+        ("no-usage", "bad_stream", "the server sent no usage (stream_options.include_usage)"),
+    ],
+)
 async def test_failed_requests_are_counted_by_kind_and_no_baseline_is_written(
     mode: str, kind: str, why: str, tmp_path: Path
 ) -> None:

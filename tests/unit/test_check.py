@@ -178,7 +178,12 @@ def test_a_full_config_with_its_rules_actions_and_baseline_is_valid(
     write("baseline.json", BASELINE)
     code, out, err = check(capsys, "--config", "cfg.yaml")
     assert (code, err) == (0, "")
-    assert re.fullmatch(r"OK: \d+ rules in 2 file\(s\), 2 action\(s\)\n", out)
+    first, *rest = out.splitlines()
+    assert re.fullmatch(r"OK: \d+ rules in 2 file\(s\), 2 action\(s\)", first)
+    # then the baseline entry each rule that reads the baseline uses
+    assert rest[0] == "baseline baseline.json (version 1, 1 entry):"
+    assert "  latency_regression: default baseline: e2e_latency_p95 = 1.84" in rest
+    assert "  speculation_unprofitable: default baseline: no draft cost" in rest
 
 
 def test_an_empty_config_file_means_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
