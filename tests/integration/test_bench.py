@@ -366,3 +366,20 @@ async def test_ctrl_c_reports_what_was_measured_and_writes_no_baseline(
         in err.decode()
     )
     assert not (tmp_path / "baseline.json").exists() and b"Traceback" not in err
+
+
+async def test_the_chat_api_is_measured_the_same_way(spec: Simulator) -> None:
+    report = await bench(
+        Options(url=spec.url, prompts=PROMPTS[:4], load=Load(concurrency=2), api="chat", max_tokens=20)
+    )
+    records = await truth(spec.url)
+    results = report["phases"]["chat"]["results"]
+    assert len(results) == 4 and all(r.ok for r in results), [r.error for r in results]
+    measured, true = [], []
+    for result in results:
+        record = records[result.response_id]
+        assert result.output_tokens == record["completion_tokens"] == 20
+        measured.append(result.ttft)
+        true.append(record["first_token_time"] - record["arrival_time"])
+    # a role-only first chunk carries no output: TTFT is the first token's
+    assert statistics.median(measured) == pytest.approx(statistics.median(true), rel=0.05)
