@@ -171,11 +171,6 @@ class Dispatcher:
             self._in_flight.discard(run.id)
             self._due.set()
 
-    async def settle(self) -> None:
-        """Wait for the long runs carried out aside (tests, the demo)."""
-        while self._aside:
-            await asyncio.wait(set(self._aside))
-
     async def stop(self) -> None:
         """Cancel the long runs carried out aside: they stay 'running' in the store and are
         carried out again (the action resumes its journal) at the next start."""
