@@ -90,7 +90,8 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="output tokens per request (default 128)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="prompt order and arrival times (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="prompt order, arrival times and, above temperature 0, sampling (default 0)")  # fmt: skip
     parser.add_argument(
         "--timeout", type=_positive_float, default=300.0, metavar="SECONDS", help="per request (default 300)"
     )
