@@ -33,7 +33,7 @@ class StoreError(Exception):
     """The store cannot be read or written; the message names the file and the reason."""
 
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Columns each schema version added to a table, so an older database is brought up to date.
 _COLUMNS_SINCE = {
     2: (
@@ -101,6 +101,24 @@ CREATE TABLE IF NOT EXISTS alert_receipts (
     UNIQUE (fingerprint, status, starts_at)
 );
 CREATE INDEX IF NOT EXISTS alert_receipts_unprocessed ON alert_receipts (processed) WHERE processed IS NULL;
+-- History for reports (daemon/history.py): per-minute rollups per vLLM server and model.
+CREATE TABLE IF NOT EXISTS history_series (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, instance TEXT NOT NULL, model TEXT NOT NULL,
+    UNIQUE (instance, model)
+);
+CREATE TABLE IF NOT EXISTS history_layouts (id INTEGER PRIMARY KEY AUTOINCREMENT, keys TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS history (
+    series INTEGER NOT NULL, minute INTEGER NOT NULL, layout INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (series, minute)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS history_minute ON history (minute);
+-- The last scrape of each target, the reference its next increase is counted from.
+CREATE TABLE IF NOT EXISTS history_last (instance TEXT PRIMARY KEY, at REAL NOT NULL, snapshot TEXT NOT NULL);
+-- Reports made on the schedule, one per scheduled time (never twice), and where they went.
+CREATE TABLE IF NOT EXISTS reports (
+    scheduled REAL PRIMARY KEY, made REAL NOT NULL, period_from REAL NOT NULL, period_to REAL NOT NULL,
+    paths TEXT NOT NULL, posted TEXT
+);
 """
 
 

@@ -90,7 +90,7 @@ class ScrapeSource:
         timeout: float,
         retention: float,
         session: aiohttp.ClientSession | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         names: Mapping[str, str] | None = None,
         max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
     ) -> None:
@@ -112,7 +112,8 @@ class ScrapeSource:
         self._timeout = timeout
         self._max_page = max_page_bytes
         self._retention = retention
-        self._clock = clock
+        # time.time looked up at each call, not bound here: a simulated clock patched in applies
+        self._clock = clock or (lambda: time.time())
         self._session = session
         self._owns_session = session is None
         self._rings: dict[str, deque[tuple[float, Snapshot]]] = {t: deque() for t in self.targets}
@@ -158,6 +159,10 @@ class ScrapeSource:
             return
         self._attempted.add(target)
         self._store(target, snapshot, ts)
+
+    def latest(self) -> list[tuple[str, float, Snapshot]]:
+        """Each target's newest sample as (instance, time, snapshot): what history records."""
+        return [(self.instances[t], ring[-1][0], ring[-1][1]) for t, ring in self._rings.items() if ring]
 
     def warming_up(self) -> frozenset[str]:
         """The ``instance`` of every target that cannot answer yet (see the module's docstring)."""

@@ -13,7 +13,7 @@ from daemon.dispatch import Dispatcher
 from daemon.engine import Event, SeriesState, State
 from daemon.loading import LoadedRule
 from daemon.selfmetrics import DaemonMetrics
-from daemon.store import Store
+from daemon.store import SCHEMA_VERSION, Store
 from rules.schema import Rule
 
 
@@ -213,7 +213,9 @@ async def test_a_database_from_the_previous_version_is_upgraded_and_keeps_its_st
     finally:
         await store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),
+        )
 
 
 V2_EVENTS = """

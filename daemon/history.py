@@ -1,0 +1,300 @@
+"""History for reports: per-minute rollups of every catalog signal, per vLLM server and model.
+
+Each scrape of a target is compared with the one before it: every counter's increase (reset-aware,
+per raw series, as Prometheus's ``increase`` counts) is added to the minute the scrape falls in,
+summed over the labels a report does not need (engine, finish reason) and kept apart where it does
+(draft position, histogram bucket). Gauges add their sample sum and count (and keep their maximum),
+so a window's average is the average of every sample in it. A report over any window is then the
+sum of its minutes: exact for counters and histograms, whatever the window.
+
+The tables are in the store (``daemon/store.py``). One row per (server and model, minute). Its values are a JSON list in the order of a *layout*, the
+list of component names, stored once and shared by every row with the same components, and the
+list is compressed: a minute of a server costs about 150 bytes.
+
+Each scrape's increase and the scrape itself (the reference for the next increase) are written in
+one transaction, so a daemon killed between two scrapes loses nothing: the next one, after a
+restart, is compared with the last one stored. The counts vLLM made while the daemon was down are
+added to the minute of the first scrape after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from daemon.exposition import Labels, Snapshot
+from daemon.store import transaction
+from rules import signals as catalog
+
+log = logging.getLogger("specguard.history")
+
+MINUTE = 60
+
+
+# Counters: sample name -> component name (the position of the per-position counter is appended).
+_COUNTERS: dict[catalog.Metric, str] = {
+    catalog.SPEC_ACCEPTED: "accepted",
+    catalog.SPEC_DRAFT_TOKENS: "draft_tokens",
+    catalog.SPEC_DRAFTS: "drafts",
+    catalog.SPEC_ACCEPTED_PER_POS: "pos",
+    catalog.GENERATION_TOKENS: "generation_tokens",
+    catalog.REQUEST_SUCCESS: "requests",
+    catalog.PREEMPTIONS: "preemptions",
+}
+HISTOGRAMS: dict[catalog.Metric, str] = {
+    catalog.E2E_LATENCY: "e2e",
+    catalog.TTFT: "ttft",
+    catalog.ITL: "itl",
+}
+# Gauges and how a server's engines combine at one scrape: the fullest engine, or the total.
+_GAUGES: dict[catalog.Metric, tuple[str, str]] = {
+    catalog.KV_CACHE: ("kv", "max"),
+    catalog.RUNNING: ("running", "sum"),
+    catalog.WAITING: ("waiting", "sum"),
+}
+
+_COUNTER_SAMPLES: dict[str, str] = {name: part for m, part in _COUNTERS.items() for name in m.names}
+_HISTOGRAM_SAMPLES: dict[str, tuple[str, str]] = {
+    name + suffix: (part, suffix) for m, part in HISTOGRAMS.items() for name in m.names
+    for suffix in ("_bucket", "_sum", "_count")
+}  # fmt: skip
+_GAUGE_SAMPLES: dict[str, tuple[str, str]] = {name: g for m, g in _GAUGES.items() for name in m.names}
+
+Components = dict[str, float]
+
+
+def component(sample: str, labels: Mapping[str, str]) -> str | None:
+    """The component a counter sample adds to, or None when history does not keep it."""
+    part = _COUNTER_SAMPLES.get(sample)
+    if part is not None:
+        return f"pos:{labels.get('position', '')}" if part == "pos" else part
+    histogram = _HISTOGRAM_SAMPLES.get(sample)
+    if histogram is not None:
+        part, suffix = histogram
+        return f"{part}:le={labels.get('le', '')}" if suffix == "_bucket" else f"{part}:{suffix[1:]}"
+    return None
+
+
+def increases(previous: Snapshot, current: Snapshot) -> dict[str, Components]:
+    """Each model's counter increases from ``previous`` to ``current`` (one target's scrapes).
+
+    Per raw series, as Prometheus's ``increase``: a value below the previous one is a restart from
+    0, so its whole value is the increase. A series the previous scrape lacked has no increase yet.
+    """
+    out: dict[str, Components] = {}
+    for sample, series in current.items():
+        before = previous.get(sample)
+        if before is None:
+            continue
+        for labels, value in series.items():
+            last = before.get(labels)
+            if last is None:
+                continue
+            named = dict(labels)
+            key = component(sample, named)
+            if key is None:
+                continue
+            grown = value if value < last else value - last
+            if grown:
+                parts = out.setdefault(named.get("model_name", ""), {})
+                parts[key] = parts.get(key, 0.0) + grown
+    return out
+
+
+def gauges(snapshot: Snapshot) -> dict[str, Components]:
+    """Each model's gauge readings at one scrape, as components to add: sum, count and maximum."""
+    combined: dict[tuple[str, str], list[float]] = {}
+    how: dict[str, str] = {}
+    for sample, series in snapshot.items():
+        gauge = _GAUGE_SAMPLES.get(sample)
+        if gauge is None:
+            continue
+        part, combine = gauge
+        how[part] = combine
+        for labels, value in series.items():
+            if math.isfinite(value):
+                combined.setdefault((dict(labels).get("model_name", ""), part), []).append(value)
+    out: dict[str, Components] = {}
+    for (model, part), values in combined.items():
+        value = max(values) if how[part] == "max" else sum(values)
+        parts = out.setdefault(model, {})
+        parts[f"{part}:sum"] = value
+        parts[f"{part}:n"] = 1.0
+        parts[f"max:{part}"] = value
+    return out
+
+
+def merge(into: Components, more: Mapping[str, float]) -> Components:
+    """``into`` plus ``more``: sums, except the ``max:`` components, which keep the larger."""
+    for key, value in more.items():
+        if key.startswith("max:"):
+            into[key] = max(into.get(key, -math.inf), value)
+        else:
+            into[key] = into.get(key, 0.0) + value
+    return into
+
+
+# --- the tables -----------------------------------------------------------------------------------
+
+
+def _encode_snapshot(snapshot: Snapshot) -> str:
+    return json.dumps({name: [[list(map(list, labels)), value] for labels, value in series.items()]
+                       for name, series in snapshot.items()})  # fmt: skip
+
+
+def _decode_snapshot(text: str) -> dict[str, dict[Labels, float]]:
+    raw: dict[str, list[Any]] = json.loads(text)
+    return {
+        name: {tuple((str(k), str(v)) for k, v in labels): float(value) for labels, value in series}
+        for name, series in raw.items()
+    }
+
+
+def _number(value: float) -> float | int:
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+@dataclass
+class Tables:
+    """The history tables on one connection (used on the store's writer thread only)."""
+
+    db: sqlite3.Connection
+    _series: dict[tuple[str, str], int] = field(default_factory=dict)
+    _layouts: dict[tuple[str, ...], int] = field(default_factory=dict)
+    _keys: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def series_id(self, instance: str, model: str) -> int:
+        key = (instance, model)
+        if key not in self._series:
+            self.db.execute(
+                "INSERT OR IGNORE INTO history_series (instance, model) VALUES (?, ?)", (instance, model)
+            )
+            row = self.db.execute(
+                "SELECT id FROM history_series WHERE instance=? AND model=?", (instance, model)
+            ).fetchone()
+            self._series[key] = int(row[0])
+        return self._series[key]
+
+    def layout_id(self, keys: tuple[str, ...]) -> int:
+        if keys not in self._layouts:
+            text = json.dumps(keys)
+            self.db.execute("INSERT OR IGNORE INTO history_layouts (keys) VALUES (?)", (text,))
+            row = self.db.execute("SELECT id FROM history_layouts WHERE keys=?", (text,)).fetchone()
+            self._layouts[keys] = int(row[0])
+            self._keys[int(row[0])] = keys
+        return self._layouts[keys]
+
+    def keys(self, layout: int) -> tuple[str, ...]:
+        if layout not in self._keys:
+            row = self.db.execute("SELECT keys FROM history_layouts WHERE id=?", (layout,)).fetchone()
+            self._keys[layout] = tuple(json.loads(row[0]))
+        return self._keys[layout]
+
+    def decode(self, layout: int, data: bytes) -> Components:
+        values = json.loads(zlib.decompress(data))
+        return dict(zip(self.keys(layout), (float(v) for v in values), strict=True))
+
+    def add(self, series: int, minute: int, parts: Mapping[str, float]) -> None:
+        """Add ``parts`` to the row of ``series`` and ``minute``."""
+        row = self.db.execute(
+            "SELECT layout, data FROM history WHERE series=? AND minute=?", (series, minute)
+        ).fetchone()
+        total = merge(self.decode(row[0], row[1]) if row else {}, parts)
+        keys = tuple(sorted(total))
+        data = zlib.compress(json.dumps([_number(total[k]) for k in keys], separators=(",", ":")).encode())
+        self.db.execute(
+            "INSERT OR REPLACE INTO history (series, minute, layout, data) VALUES (?, ?, ?, ?)",
+            (series, minute, self.layout_id(keys), data),
+        )
+
+    def last(self, instance: str) -> tuple[float, dict[str, dict[Labels, float]]] | None:
+        row = self.db.execute(
+            "SELECT at, snapshot FROM history_last WHERE instance=?", (instance,)
+        ).fetchone()
+        return (float(row[0]), _decode_snapshot(row[1])) if row else None
+
+
+def record(db: sqlite3.Connection, scrapes: Iterable[tuple[str, float, Snapshot]]) -> int:
+    """Add each (instance, time, snapshot) scrape to history, in one transaction; the rows touched.
+
+    A scrape no newer than the last one recorded for its instance is skipped (it was counted).
+    """
+    tables = Tables(db)
+    touched = 0
+    with transaction(db):
+        for instance, at, snapshot in scrapes:
+            last = tables.last(instance)
+            if last is not None and at <= last[0]:
+                continue
+            minute = int(at // MINUTE) * MINUTE
+            per_model = gauges(snapshot)
+            if last is not None:
+                for model, parts in increases(last[1], snapshot).items():
+                    merge(per_model.setdefault(model, {}), parts)
+            for model, parts in per_model.items():
+                tables.add(tables.series_id(instance, model), minute, parts)
+                touched += 1
+            db.execute(
+                "INSERT OR REPLACE INTO history_last (instance, at, snapshot) VALUES (?, ?, ?)",
+                (instance, at, _encode_snapshot(snapshot)),
+            )
+    return touched
+
+
+@dataclass(frozen=True)
+class Minute:
+    minute: int  # epoch seconds of the minute's start
+    parts: Components
+
+
+def read(db: sqlite3.Connection, start: float, end: float) -> dict[tuple[str, str], list[Minute]]:
+    """Every (instance, model)'s minutes in ``[start, end)``, oldest first."""
+    tables = Tables(db)
+    names = {
+        int(r[0]): (str(r[1]), str(r[2]))
+        for r in db.execute("SELECT id, instance, model FROM history_series")
+    }
+    out: dict[tuple[str, str], list[Minute]] = {}
+    rows = db.execute(
+        "SELECT series, minute, layout, data FROM history WHERE minute >= ? AND minute < ? ORDER BY series, minute",
+        (math.floor(start), math.ceil(end)),
+    )
+    for series, minute, layout, data in rows:
+        if minute < start:
+            continue
+        out.setdefault(names[int(series)], []).append(Minute(int(minute), tables.decode(layout, data)))
+    return out
+
+
+def prune(db: sqlite3.Connection, before: float, max_bytes: int) -> int:
+    """Delete the minutes older than ``before``, then the oldest ones until history holds at most
+    ``max_bytes`` (its rows' sizes); the number of rows deleted."""
+    with transaction(db):
+        deleted = db.execute("DELETE FROM history WHERE minute < ?", (int(before),)).rowcount
+        size, rows = db.execute("SELECT COALESCE(SUM(length(data)), 0), COUNT(*) FROM history").fetchone()
+        estimate = int(size) + ROW_OVERHEAD * int(rows)
+        if estimate > max_bytes and rows:
+            # Drop whole oldest minutes: the share of rows to lose, rounded up to a minute boundary.
+            excess = math.ceil(int(rows) * (estimate - max_bytes) / estimate)
+            cut = db.execute(
+                "SELECT minute FROM history ORDER BY minute LIMIT 1 OFFSET ?", (excess - 1,)
+            ).fetchone()
+            if cut is not None:
+                deleted += db.execute("DELETE FROM history WHERE minute <= ?", (int(cut[0]),)).rowcount
+                log.warning("history is over its %d-byte bound: minutes up to %d dropped", max_bytes, cut[0])
+    return int(deleted)
+
+
+ROW_OVERHEAD = 24  # bytes SQLite spends per row beside the data (key, layout, cell header)
+
+
+def size(db: sqlite3.Connection) -> int:
+    """The bytes history's rows take (data plus the per-row overhead), the figure ``prune`` bounds."""
+    total, rows = db.execute("SELECT COALESCE(SUM(length(data)), 0), COUNT(*) FROM history").fetchone()
+    return int(total) + ROW_OVERHEAD * int(rows)
