@@ -1,0 +1,420 @@
+"""The report's recommendations: what to change, each with the numbers and the reasoning behind it.
+
+Three kinds, each computed per series (instance, model) of the report's "series" list:
+
+* ``num_speculative_tokens``: the k with the best expected speedup from the measured per-position
+  acceptance and the draft's cost, and whether it beats the current k by enough to restart vLLM.
+* ``speculation_lost``: hours of the day where speculation is estimated slower than plain decoding,
+  and latency signals well above their baseline.
+* ``draft_degrading``: the draft's acceptance falling week over week.
+
+Text rounds to 3 significant digits; ``data`` keeps the numbers as computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import date
+from typing import Any
+
+from report.model import change
+from report.speedup import K_MAX, BestK, best_k, tail_rate
+
+Series = Mapping[str, Any]
+Recommendation = dict[str, Any]
+
+# A new k must promise at least this much more speed: changing k restarts vLLM, and a smaller gain is
+# within the week-to-week drift of the measured rates and the error of the speedup model itself.
+MIN_GAIN_TO_CHANGE_K = 0.03
+
+# Below a speedup of 1 the drafting costs more time than the accepted tokens save.
+SPEEDUP_FLOOR = 1.0
+
+# A latency more than 10 % over its baseline is beyond the run-to-run spread of a benchmark (medians of
+# repeated runs agree within a few percent) and is felt by users.
+LATENCY_RATIO_LIMIT = 1.10
+
+# A relative week-over-week fall in acceptance larger than this is more than traffic noise: a week of
+# drafts is hundreds of thousands of them, and a healthy draft's weekly rates move by a few percent.
+DEGRADING_RELATIVE_DROP = 0.05
+
+# Two days always make a line; three are the fewest whose slope says something about a trend.
+MIN_TREND_DAYS = 3
+
+
+def recommendations(
+    series: list[dict[str, Any]], previous: list[dict[str, Any]] | None = None
+) -> list[Recommendation]:
+    """Every recommendation for the week's ``series``; ``previous`` is the week before's, if known."""
+    before = {_key(item): item for item in previous or []}
+    found: list[Recommendation] = []
+    for item in series:
+        for made in (
+            _num_speculative_tokens(item),
+            _speculation_lost(item),
+            _draft_degrading(item, before.get(_key(item))),
+        ):
+            if made is not None:
+                found.append(made)
+    return found
+
+
+def _key(series: Series) -> tuple[object, object]:
+    return series.get("instance"), series.get("model")
+
+
+def _recommendation(
+    kind: str, series: Series, title: str, reasoning: list[str], data: dict[str, Any]
+) -> Recommendation:
+    return {
+        "kind": kind,
+        "instance": series.get("instance"),
+        "model": series.get("model"),
+        "title": title,
+        "reasoning": reasoning,
+        "data": data,
+    }
+
+
+def _fmt(number: float) -> str:
+    """3 significant digits; large counts whole, with thousands separators."""
+    if abs(number) >= 1000:
+        return f"{number:,.0f}"
+    return f"{number:.3g}"
+
+
+def _percent(ratio: float) -> str:
+    return f"{_fmt(ratio * 100)} %"
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _per_position(series: Series) -> list[float] | None:
+    """The series' p_i, or None when any is missing: a partial list would bias the extrapolation."""
+    raw = series.get("per_position")
+    if not isinstance(raw, list) or not raw:
+        return None
+    rates = [_number(value) for value in raw]
+    return None if any(rate is None for rate in rates) else [rate for rate in rates if rate is not None]
+
+
+# --- num_speculative_tokens ---------------------------------------------------------------------
+
+
+def _num_speculative_tokens(series: Series) -> Recommendation | None:
+    k = series.get("k")
+    per_position = _per_position(series)
+    if not isinstance(k, int) or k < 1 or per_position is None:
+        return None  # nothing to judge: no speculation measured
+    cost = _number(series.get("draft_cost"))
+    source = series.get("draft_cost_source")
+    if cost is None:
+        why = f" ({source})" if source else ""
+        return _recommendation(
+            "num_speculative_tokens",
+            series,
+            f"k = {k} cannot be judged without the draft's cost",
+            [
+                "The expected speedup of k speculative tokens is (1 + Σ_{i<k} p_i) / (1 + k·c), with c the "
+                f"time of one draft step over one target step; c is unknown{why}.",
+                "Set speculative.draft_cost (or a speculative.method with a known cost) in the baseline "
+                "file's entry for this model to have k judged.",
+            ],
+            {"k": k, "draft_cost": None, "per_position": per_position},
+        )
+    result = best_k(per_position, cost, k_max=max(K_MAX, k), current_k=k)
+    gain = result.gain if result.gain is not None else 0.0
+    change_k = result.k != k and gain >= MIN_GAIN_TO_CHANGE_K
+    title = f"set num_speculative_tokens to {result.k} (now {k})" if change_k else f"keep k = {k}"
+    reasoning = [
+        *_k_inputs(per_position, cost, source),
+        *_k_table(result, per_position),
+        _k_choice(result, k, gain, change_k),
+    ]
+    if result.speedup < SPEEDUP_FLOOR:
+        reasoning.append(
+            f"Even the best k is estimated slower than plain decoding (speedup {_fmt(result.speedup)}): "
+            "at this c the draft costs more than its accepted tokens save."
+        )
+    data = {
+        "k": k,
+        "recommended_k": result.k if change_k else k,
+        "best_k": result.k,
+        "draft_cost": cost,
+        "draft_cost_source": source,
+        "per_position": per_position,
+        "current_speedup": result.current_speedup,
+        "best_speedup": result.speedup,
+        "gain": gain,
+        "min_gain": MIN_GAIN_TO_CHANGE_K,
+        "table": [
+            {"k": row.k, "speedup": row.speedup, "extrapolated": row.extrapolated} for row in result.table
+        ],
+    }
+    return _recommendation("num_speculative_tokens", series, title, reasoning, data)
+
+
+def _k_inputs(per_position: Sequence[float], cost: float, source: object) -> list[str]:
+    last = len(per_position) - 1
+    lines = [
+        f"Measured per-position acceptance p_0..p_{last} (share of drafts whose tokens 0..i were all "
+        f"accepted): {', '.join(_fmt(p) for p in per_position)}.",
+        f"Draft cost c = {_fmt(cost)}" + (f" ({source})." if source else "."),
+        "Expected speedup with k speculative tokens: (1 + Σ_{i<k} p_i) / (1 + k·c) (Leviathan et al., "
+        "Theorem 3.8, with the measured p_i in place of alpha^(i+1)).",
+    ]
+    return lines
+
+
+def _k_table(result: BestK, per_position: Sequence[float]) -> list[str]:
+    lines: list[str] = []
+    if any(row.extrapolated for row in result.table):
+        lines.append(
+            f"Past k = {len(per_position)} the p_i are extrapolated: each further position keeps "
+            f"{_fmt(tail_rate(per_position))} of the one before (the mean conditional acceptance of the "
+            "last measured positions)."
+        )
+    for row in result.table:
+        marks = [
+            mark
+            for mark, applies in (
+                ("extrapolated", row.extrapolated),
+                ("current", row.k == result.current_k),
+                ("best", row.k == result.k),
+            )
+            if applies
+        ]
+        lines.append(
+            f"k = {row.k}: speedup {_fmt(row.speedup)}" + (f" ({', '.join(marks)})" if marks else "")
+        )
+    return lines
+
+
+def _k_choice(result: BestK, k: int, gain: float, change_k: bool) -> str:
+    threshold = _percent(MIN_GAIN_TO_CHANGE_K)
+    current = _fmt(result.current_speedup or 0.0)
+    if result.k == k:
+        return f"The current k = {k} has the highest expected speedup ({current}): keep it."
+    compared = (
+        f"k = {result.k} is expected {_percent(gain)} faster than the current k = {k} "
+        f"({_fmt(result.speedup)} against {current})"
+    )
+    if not change_k:
+        return f"{compared}: under the {threshold} a change of k needs to pay for a restart; keep k = {k}."
+    choice = f"{compared}, at least the {threshold} a change needs: set num_speculative_tokens to {result.k}."
+    if result.extrapolated:
+        choice += (
+            f" k = {result.k} goes past the measured positions, so its speedup rests on the extrapolation: "
+            "check the per-position rates after the change."
+        )
+    return choice
+
+
+# --- speculation_lost ---------------------------------------------------------------------------
+
+
+def _speculation_lost(series: Series) -> Recommendation | None:
+    hours = [
+        entry
+        for entry in _entries(series.get("by_hour_of_day"))
+        if (speedup := _number(entry.get("estimated_speedup"))) is not None and speedup < SPEEDUP_FLOOR
+    ]
+    latency = [
+        entry
+        for entry in _entries(series.get("latency"))
+        if (ratio := _number(entry.get("ratio"))) is not None and ratio > LATENCY_RATIO_LIMIT
+    ]
+    if not hours and not latency:
+        return None
+    reasoning: list[str] = []
+    parts: list[str] = []
+    if hours:
+        parts.append(f"slower than plain decoding at {', '.join(_hour(entry) for entry in hours)}")
+        reasoning.append(
+            "Estimated speedup = mean acceptance length / (1 + k·c); below "
+            f"{_fmt(SPEEDUP_FLOOR)} the drafting costs more time than the accepted tokens save."
+        )
+        reasoning.extend(_hour_line(entry) for entry in hours)
+        reasoning.append(
+            "Speculation pays least under load (large batches make the target's step compute-bound): "
+            "at these hours fewer speculative tokens, or none, would serve faster."
+        )
+    if latency:
+        names = ", ".join(str(entry.get("signal")) for entry in latency)
+        parts.append(f"{names} above {_fmt(LATENCY_RATIO_LIMIT)}x baseline")
+        reasoning.append(
+            f"Latency above {_fmt(LATENCY_RATIO_LIMIT)} times its baseline (beyond the spread of repeated "
+            "benchmark runs):"
+        )
+        reasoning.extend(_latency_line(entry) for entry in latency)
+    return _recommendation(
+        "speculation_lost",
+        series,
+        "speculation lost: " + "; ".join(parts),
+        reasoning,
+        {
+            "hours": [dict(entry) for entry in hours],
+            "latency": [dict(entry) for entry in latency],
+            "speedup_floor": SPEEDUP_FLOOR,
+            "latency_ratio_limit": LATENCY_RATIO_LIMIT,
+        },
+    )
+
+
+def _entries(raw: object) -> list[Mapping[str, Any]]:
+    return [entry for entry in raw if isinstance(entry, Mapping)] if isinstance(raw, list) else []
+
+
+def _hour(entry: Mapping[str, Any]) -> str:
+    hour = entry.get("hour")
+    return f"{hour:02d}:00 UTC" if isinstance(hour, int) else f"hour {hour} UTC"
+
+
+def _hour_line(entry: Mapping[str, Any]) -> str:
+    line = _hour(entry) + f": estimated speedup {_fmt(_number(entry.get('estimated_speedup')) or 0.0)}"
+    details = [
+        f"{label} {_fmt(value)}"
+        for label, key in (
+            ("acceptance rate", "acceptance_rate"),
+            ("mean acceptance length", "mean_acceptance_length"),
+            ("drafts", "drafts"),
+        )
+        if (value := _number(entry.get(key))) is not None
+    ]
+    return line + (f" ({', '.join(details)})" if details else "")
+
+
+def _latency_line(entry: Mapping[str, Any]) -> str:
+    value, baseline = _number(entry.get("value")), _number(entry.get("baseline"))
+    ratio = _number(entry.get("ratio")) or 0.0
+    measured = f" {_fmt(value)} s" if value is not None else ""
+    against = f" against a baseline of {_fmt(baseline)} s" if baseline is not None else ""
+    return f"{entry.get('signal')}{measured}{against}: {_fmt(ratio)} times the baseline."
+
+
+# --- draft_degrading ----------------------------------------------------------------------------
+
+
+def _draft_degrading(series: Series, before: Series | None) -> Recommendation | None:
+    rate = _week_over_week(series, before, "acceptance_rate")
+    length = _week_over_week(series, before, "mean_acceptance_length")
+    slope, days = _daily_slope(series.get("by_day"), "acceptance_rate")
+    rate_fell = _fell(rate) and slope is not None and slope < 0
+    length_fell = _fell(length)
+    if not (rate_fell or length_fell):
+        return None
+    k = series.get("k")
+    k_before = before.get("k") if before is not None else None
+    reasoning = [
+        _change_line("Acceptance rate", rate),
+        _trend_line(slope, days),
+        _change_line("Mean acceptance length", length),
+        "The acceptance rate (accepted / drafted tokens) falls when k rises even with the same draft; the "
+        "mean acceptance length (1 + accepted tokens per draft) falls when k falls. A fall of more than "
+        f"{_percent(DEGRADING_RELATIVE_DROP)} counts: in the acceptance rate together with a falling daily "
+        "trend, or in the mean acceptance length alone.",
+    ]
+    if isinstance(k_before, int) and isinstance(k, int) and k_before != k:
+        reasoning.append(f"k changed from {k_before} to {k} between the weeks: part of the change is k's.")
+    reasoning.append(
+        "A draft falls behind when the traffic drifts from what it was trained on, or when the target "
+        "changed without the draft."
+    )
+    fired_on: list[str] = []
+    title_parts: list[str] = []
+    for name, fell, figures in (
+        ("acceptance_rate", rate_fell, rate),
+        ("mean_acceptance_length", length_fell, length),
+    ):
+        relative = figures["change"]
+        if fell and relative is not None:
+            fired_on.append(name)
+            title_parts.append(f"{name.replace('_', ' ')} {_signed_percent(relative)} week over week")
+    title = "draft acceptance falling: " + ", ".join(title_parts)
+    return _recommendation(
+        "draft_degrading",
+        series,
+        title,
+        reasoning,
+        {
+            "acceptance_rate": rate,
+            "mean_acceptance_length": length,
+            "daily_slope": slope,
+            "days": days,
+            "k": k,
+            "k_previous": k_before,
+            "fired_on": fired_on,
+            "relative_drop": DEGRADING_RELATIVE_DROP,
+            "min_trend_days": MIN_TREND_DAYS,
+        },
+    )
+
+
+def _week_over_week(series: Series, before: Series | None, name: str) -> dict[str, float | None]:
+    """This week's figure, the week before's (the headline's, else last week's series'), the change."""
+    figures = _headline(series, name)
+    value, previous = _number(figures.get("value")), _number(figures.get("previous"))
+    if previous is None and before is not None:
+        previous = _number(_headline(before, name).get("value"))
+    return {"value": value, "previous": previous, "change": change(value, previous)}
+
+
+def _headline(series: Series, name: str) -> Mapping[str, Any]:
+    headline = series.get("headline")
+    figures = headline.get(name) if isinstance(headline, Mapping) else None
+    return figures if isinstance(figures, Mapping) else {}
+
+
+def _fell(figures: Mapping[str, float | None]) -> bool:
+    relative = figures["change"]
+    return relative is not None and relative < -DEGRADING_RELATIVE_DROP
+
+
+def _daily_slope(by_day: object, name: str) -> tuple[float | None, int]:
+    """Least-squares slope of ``name`` per calendar day over the days with data, and how many there are.
+
+    Unweighted: each day counts once, whatever its number of drafts. None under MIN_TREND_DAYS days.
+    """
+    points: list[tuple[float, float]] = []
+    for entry in _entries(by_day):
+        value, day = _number(entry.get(name)), entry.get("day")
+        if value is None or not isinstance(day, str):
+            continue
+        try:
+            points.append((float(date.fromisoformat(day).toordinal()), value))
+        except ValueError:
+            continue
+    if len(points) < MIN_TREND_DAYS:
+        return None, len(points)
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    if spread == 0:
+        return None, len(points)  # every point on one day: no slope
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread, len(points)
+
+
+def _change_line(label: str, figures: Mapping[str, float | None]) -> str:
+    value, previous, relative = figures["value"], figures["previous"], figures["change"]
+    if value is None or previous is None or relative is None:
+        return f"{label}: no week-over-week comparison (no figure for one of the weeks)."
+    return (
+        f"{label} {_fmt(value)} this week against {_fmt(previous)} the week before: "
+        f"{_signed_percent(relative)}."
+    )
+
+
+def _trend_line(slope: float | None, days: int) -> str:
+    if slope is None:
+        plural = "s" if days != 1 else ""
+        return f"Daily acceptance rate: {days} day{plural} with data, {MIN_TREND_DAYS} needed for a trend."
+    direction = "falling" if slope < 0 else "not falling"
+    return f"Daily acceptance rate over {days} days: least-squares slope {_fmt(slope)} per day ({direction})."
+
+
+def _signed_percent(ratio: float) -> str:
+    return ("+" if ratio > 0 else "") + _percent(ratio)
