@@ -1,0 +1,284 @@
+"""The report's charts as PNG images, drawn with matplotlib when it is installed.
+
+matplotlib is an optional extra (``specguard[report]``): a serving host that only runs the daemon
+should not need it, so it is imported inside the functions that draw, and a report without it says
+what to install instead of failing. The figures are ``matplotlib.figure.Figure`` objects made
+directly, never through pyplot: no global figure registry to leak into and no backend to select,
+so drawing is safe from any thread, and a figure is freed as soon as it is dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from report.model import LATENCY, Report
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from numpy.typing import ArrayLike
+
+INSTALL = "charts need matplotlib: pip install 'specguard[report]'"
+
+# The kinds of chart each series gets, in the order the report shows them.
+KINDS: tuple[str, ...] = ("acceptance-week", "per-position", "latency")
+
+_SIZE = (8.0, 3.0)  # inches; at _DPI an 800 x 300 image, legible in a mail client and small
+_DPI = 100
+_ACCEPTANCE = "#1f6fb4"
+_LENGTH = "#d9822b"
+_BASELINE = "#9aa5b1"
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart: ``name`` is a file stem, unique in the report, e.g. ``acceptance-week-<slug>``."""
+
+    name: str
+    title: str
+    png: bytes
+    alt: str
+
+
+def available() -> str | None:
+    """None when charts can be drawn, else what to install (the report shows it in their place)."""
+    try:
+        importlib.import_module("matplotlib.figure")
+        importlib.import_module("matplotlib.backends.backend_agg")
+    except ImportError:
+        return INSTALL
+    return None
+
+
+def label(series: dict[str, Any]) -> str:
+    """How the report names a series for people: the model, then where it runs."""
+    return f"{series.get('model') or '?'} on {series.get('instance') or '?'}"
+
+
+def slugs(report: Report) -> list[str]:
+    """A file-name-safe stem for each series, in order, unique within the report.
+
+    Made from the instance and model, which come from vLLM's labels and may hold any character;
+    two series that reduce to the same stem get a numeric suffix rather than overwrite each other's
+    images.
+    """
+    seen: set[str] = set()
+    result: list[str] = []
+    for series in report.get("series") or []:
+        text = f"{series.get('model') or ''}-{series.get('instance') or ''}".lower()
+        base = re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:60].strip("-") or "series"
+        slug, n = base, 1
+        while slug in seen:
+            n += 1
+            slug = f"{base}-{n}"
+        seen.add(slug)
+        result.append(slug)
+    return result
+
+
+def name(kind: str, slug: str) -> str:
+    """The chart's file stem, which the renderings use to find its image."""
+    return f"{kind}-{slug}"
+
+
+def title(kind: str, series: dict[str, Any]) -> str:
+    """The chart's caption (also its alt text when the renderer only has the image's name)."""
+    what = {
+        "acceptance-week": "Acceptance over the week",
+        "per-position": "Acceptance by draft position",
+        "latency": "Latency against the baseline",
+    }[kind]
+    return f"{what}: {label(series)}"
+
+
+def charts(report: Report) -> list[Chart]:
+    """Every chart of the report: per series, acceptance over the week, acceptance per draft
+    position and latency against the baseline, each left out when the series has no data for it.
+    Raises RuntimeError (with what to install) when matplotlib is missing."""
+    missing = available()
+    if missing is not None:
+        raise RuntimeError(missing)
+    result: list[Chart] = []
+    for series, slug in zip(report.get("series") or [], slugs(report), strict=True):
+        for kind, draw in (
+            ("acceptance-week", _acceptance_week),
+            ("per-position", _per_position),
+            ("latency", _latency),
+        ):
+            drawn = draw(series)
+            if drawn is not None:
+                png, alt = drawn
+                result.append(Chart(name(kind, slug), title(kind, series), png, alt))
+    return result
+
+
+def _figure() -> Figure:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=_SIZE, dpi=_DPI, layout="constrained")
+    return figure
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png", dpi=_DPI)
+    finally:
+        figure.clear()  # drop the artists now rather than when the collector gets round to it
+    return buffer.getvalue()
+
+
+def _number(value: Any) -> float:
+    """A plotted value: None (no data) becomes NaN, which matplotlib leaves as a gap."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    return float(value)
+
+
+def _title(axes: Axes, text: str) -> None:
+    # parse_math off: a model named "$x$" must print as such, not as TeX (nor fail to parse)
+    axes.set_title(text, loc="left", fontsize=10, parse_math=False)
+
+
+def _acceptance_week(series: dict[str, Any]) -> tuple[bytes, str] | None:
+    points: list[tuple[datetime, float, float]] = []
+    for row in series.get("hourly") or []:
+        if not isinstance(row, dict):
+            continue
+        try:
+            at = datetime.fromisoformat(str(row.get("at")))
+        except ValueError:
+            continue
+        rate = _number(row.get("acceptance_rate")) * 100
+        points.append((at, rate, _number(row.get("mean_acceptance_length"))))
+    points.sort(key=lambda point: point[0])
+    known_rates = [rate for _, rate, _ in points if not math.isnan(rate)]
+    if not known_rates:
+        return None
+    known_lengths = [length for _, _, length in points if not math.isnan(length)]
+    # hours since the first midnight: plain numbers, with a tick at each day
+    start = points[0][0].replace(hour=0, minute=0, second=0, microsecond=0)
+    hours = [(at - start).total_seconds() / 3600 for at, _, _ in points]
+    days = range(0, int(hours[-1] // 24) + 1)
+    figure = _figure()
+    axes = figure.add_subplot()
+    axes.plot(hours, [rate for _, rate, _ in points], color=_ACCEPTANCE, linewidth=1.2)
+    axes.set_ylabel("acceptance rate (%)", color=_ACCEPTANCE, fontsize=9)
+    axes.set_ylim(0, 100)
+    axes.set_xlim(0, max(hours[-1] + 1, 24))
+    axes.set_xticks(
+        [day * 24 for day in days], [(start + timedelta(days=day)).strftime("%a %d %b") for day in days]
+    )
+    axes.grid(True, alpha=0.3)
+    axes.tick_params(labelsize=8)
+    k = _number(series.get("k"))
+    rates = [rate for _, rate, _ in points]
+    lengths = [length for _, _, length in points]
+    if known_lengths and _same_line(rates, lengths, k):
+        # vLLM's mean acceptance length is 1 + k x the rate while k stays put: one line, two scales
+        import numpy
+
+        def to_length(rate: ArrayLike) -> ArrayLike:
+            return 1 + k * numpy.asarray(rate, dtype=float) / 100
+
+        def to_rate(length: ArrayLike) -> ArrayLike:
+            return (numpy.asarray(length, dtype=float) - 1) * 100 / k
+
+        scale = axes.secondary_yaxis("right", functions=(to_length, to_rate))
+        scale.set_ylabel("mean acceptance length", color=_ACCEPTANCE, fontsize=9)
+        scale.tick_params(labelsize=8)
+    elif known_lengths:  # k changed during the week (or is unknown): a line of its own
+        twin = axes.twinx()
+        twin.plot(hours, lengths, color=_LENGTH, linewidth=1.0, alpha=0.85)
+        twin.set_ylabel("mean acceptance length", color=_LENGTH, fontsize=9)
+        twin.set_ylim(1, max(max(known_lengths) * 1.15, 2))
+        twin.tick_params(labelsize=8)
+    _title(axes, f"Hourly acceptance (UTC), {label(series)}")
+    alt = (
+        f"Hourly acceptance rate of {label(series)} over the week: between {min(known_rates):.0f} % and "
+        f"{max(known_rates):.0f} %"
+    )
+    if known_lengths:
+        alt += f"; mean acceptance length between {min(known_lengths):.2f} and {max(known_lengths):.2f}"
+    gaps = len(points) - len(known_rates)
+    if gaps:
+        alt += f"; {gaps} hour{'s' if gaps != 1 else ''} without data"
+    return _png(figure), alt + "."
+
+
+def _same_line(rates: list[float], lengths: list[float], k: float) -> bool:
+    """Whether every hour's mean acceptance length is 1 + k x its rate (within rounding)."""
+    if math.isnan(k) or k <= 0:
+        return False
+    return all(
+        math.isnan(rate) or math.isnan(length) or abs(1 + k * rate / 100 - length) < 0.02 * k
+        for rate, length in zip(rates, lengths, strict=True)
+    )
+
+
+def _per_position(series: dict[str, Any]) -> tuple[bytes, str] | None:
+    values = [_number(v) * 100 for v in series.get("per_position") or []]
+    if not any(not math.isnan(v) for v in values):
+        return None
+    positions = [str(i + 1) for i in range(len(values))]
+    figure = _figure()
+    axes = figure.add_subplot()
+    bars = axes.bar(positions, [0.0 if math.isnan(v) else v for v in values], color=_ACCEPTANCE, width=0.6)
+    axes.bar_label(bars, labels=["no data" if math.isnan(v) else f"{v:.0f} %" for v in values], fontsize=8)
+    axes.set_ylim(0, 105)
+    axes.set_xlabel("draft position", fontsize=9)
+    axes.set_ylabel("drafts accepted up to it (%)", fontsize=9)
+    axes.grid(True, axis="y", alpha=0.3)
+    axes.tick_params(labelsize=8)
+    _title(axes, f"Acceptance by draft position, {label(series)}")
+    shown = ", ".join(
+        f"{p}: {'no data' if math.isnan(v) else f'{v:.0f} %'}" for p, v in zip(positions, values, strict=True)
+    )
+    return _png(figure), f"Share of drafts accepted up to each position for {label(series)}: {shown}."
+
+
+def _short(signal: str) -> str:
+    """``e2e_latency_p95`` as ``e2e p95``: six panel titles share 8 inches."""
+    words = signal.replace("e2e_latency", "e2e").split("_")
+    return " ".join(word.upper() if word in ("ttft", "itl") else word for word in words)
+
+
+def _latency(series: dict[str, Any]) -> tuple[bytes, str] | None:
+    rows = [
+        row
+        for row in series.get("latency") or []
+        if isinstance(row, dict) and not math.isnan(_number(row.get("baseline")))
+    ]
+    if not rows:
+        return None
+    order = {signal: i for i, signal in enumerate(LATENCY)}
+    rows.sort(key=lambda row: order.get(str(row.get("signal")), len(order)))
+    figure = _figure()
+    # a panel per signal, each on its own scale: an inter-token latency of 20 ms would not show
+    # beside an end-to-end latency of 2 s
+    panels = figure.subplots(1, len(rows), squeeze=False)[0]
+    parts = []
+    for axes, row in zip(panels, rows, strict=True):
+        signal = str(row.get("signal"))
+        value, baseline = _number(row.get("value")), _number(row.get("baseline"))
+        scale, unit, digits = (1.0, "s", 2) if max(value, baseline) >= 1 else (1000.0, "ms", 0)
+        axes.bar(
+            ["week", "baseline"],
+            [0.0 if math.isnan(value) else value * scale, baseline * scale],
+            color=[_ACCEPTANCE, _BASELINE],
+            width=0.7,
+        )
+        axes.set_title(_short(signal), fontsize=9, parse_math=False)
+        axes.set_ylabel(unit, fontsize=8, labelpad=1)
+        axes.tick_params(labelsize=7)
+        axes.grid(True, axis="y", alpha=0.3)
+        shown = "no data" if math.isnan(value) else f"{value * scale:.{digits}f} {unit}"
+        parts.append(f"{signal} {shown} (baseline {baseline * scale:.{digits}f} {unit})")
+    figure.suptitle(f"Latency against the baseline, {label(series)}", fontsize=10, x=0.01, ha="left")
+    return _png(figure), f"Latency of {label(series)} this week against its baseline: {'; '.join(parts)}."
