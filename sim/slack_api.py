@@ -1,8 +1,10 @@
 """A Slack Web API on loopback, for the tests and the demo: the methods specguard's ``slack`` action calls
-(``chat.postMessage``, ``chat.update``, ``conversations.history``, ``conversations.replies``) and an
-incoming webhook, as Slack answers them (``{"ok": ...}`` bodies, bearer tokens, message metadata,
-threads), with faults to stage: 429 with ``Retry-After``, 5xx, a dropped connection, an answer slower
-than the client waits, and a post that is stored but whose answer is lost."""
+(``chat.postMessage``, ``chat.update``, ``conversations.history``, ``conversations.replies``, and the
+file upload of ``files_upload_v2``: ``files.getUploadURLExternal``, a POST of the bytes to the upload
+URL it hands out, ``files.completeUploadExternal``) and an incoming webhook, as Slack answers them
+(``{"ok": ...}`` bodies, bearer tokens, message metadata, threads, files shared into a thread), with
+faults to stage: 429 with ``Retry-After``, 5xx, a dropped connection, an answer slower than the
+client waits, and a call that is done but whose answer is lost."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 TOKEN = "xoxb-test-token"
 
@@ -23,6 +25,24 @@ TOKEN = "xoxb-test-token"
 class Fault:
     kind: str  # 429 | 500 | drop | slow | lose
     seconds: float = 0.0  # 429: Retry-After; slow: how long the answer takes
+    # Only for this call (a method's name, "upload" for the upload URL, "webhook"); None: the next
+    # call whatever it is. A fault for one call waits while other calls pass.
+    method: str | None = None
+
+
+@dataclass
+class Upload:
+    """A file as ``files.getUploadURLExternal`` announced it, its bytes once POSTed, and where
+    ``files.completeUploadExternal`` shared it (None: not completed)."""
+
+    id: str
+    filename: str
+    length: int
+    data: bytes | None = None
+    title: str | None = None
+    channel: str | None = None
+    thread_ts: str | None = None
+    completed: bool = False
 
 
 @dataclass
@@ -33,6 +53,7 @@ class SlackApi:
     calls: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list)  # (method, when, body)
     faults: list[Fault] = field(default_factory=list)  # applied to the next calls, one each
     webhook_posts: list[dict[str, Any]] = field(default_factory=list)
+    uploads: dict[str, Upload] = field(default_factory=dict)  # by file id, as announced
     # called with ("post" | "update", the message as stored) once a message is stored or edited
     listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
     _clock: int = 0
@@ -44,18 +65,31 @@ class SlackApi:
     def posted(self) -> list[dict[str, Any]]:
         return [m for m in self.messages if m.get("via") == "api"]
 
+    def shared(self) -> list[Upload]:
+        """The files shared (``files.completeUploadExternal`` done), in order."""
+        return [u for u in self.uploads.values() if u.completed]
+
+    def fault(self, method: str) -> Fault | None:
+        """The next staged fault that applies to a call of ``method``, taken off the list."""
+        for index, fault in enumerate(self.faults):
+            if fault.method is None or fault.method == method:
+                return self.faults.pop(index)
+        return None
+
     def _ts(self) -> str:
         self._clock += 1
         return f"{int(time.time())}.{self._clock:06d}"
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
+    # slack-sdk sends some methods' arguments (the files.* ones) as a POST's query string
+    query = dict(request.query)
     if request.content_type == "application/json":
         data = await request.json()
-        return dict(data) if isinstance(data, dict) else {}
+        return {**query, **data} if isinstance(data, dict) else query
     if request.method == "GET":
-        return dict(request.query)
-    return dict(await request.post())
+        return query
+    return {**query, **(await request.post())}
 
 
 def _truthy(value: Any) -> bool:
@@ -69,32 +103,39 @@ def build(api: SlackApi) -> web.Application:
         api.calls.append((name, time.time(), body))
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
             return web.json_response({"ok": False, "error": "invalid_auth"})
-        fault = api.faults.pop(0) if api.faults else None
-        if fault is not None and fault.kind == "429":
-            return web.json_response(
-                {"ok": False, "error": "ratelimited"},
-                status=429,
-                headers={"Retry-After": f"{fault.seconds:g}"},
-            )
-        if fault is not None and fault.kind == "500":
-            return web.json_response({"ok": False, "error": "internal_error"}, status=500)
-        if fault is not None and fault.kind == "drop":
-            assert request.transport is not None
-            request.transport.close()
-            return web.Response()
-        if fault is not None and fault.kind == "slow":
-            await asyncio.sleep(fault.seconds)
-        answer = _answer(api, name, body)
+        fault = api.fault(name)
+        failed = await _failure(request, fault)
+        if failed is not None:
+            return failed
+        answer = _answer(api, name, body, str(request.url.origin()))
         if fault is not None and fault.kind == "lose":  # done, but the answer never arrives
-            assert request.transport is not None
-            request.transport.close()
-            return web.Response()
+            return _hang_up(request)
         return web.json_response(answer)
+
+    async def upload(request: web.Request) -> web.StreamResponse:
+        """The upload URL: the file's bytes, as the raw body (slack-sdk's way) or a multipart
+        form's ``file`` part; no token (the URL is the credential)."""
+        file_id = request.match_info["file_id"]
+        data = await _file_bytes(request)
+        api.calls.append(("upload", time.time(), {"file_id": file_id, "length": len(data)}))
+        fault = api.fault("upload")
+        failed = await _failure(request, fault)
+        if failed is not None:
+            return failed
+        announced = api.uploads.get(file_id)
+        if announced is None or announced.completed:
+            return web.Response(text="not found", status=404, content_type="text/plain")
+        if len(data) != announced.length:
+            return web.Response(text="length mismatch", status=400, content_type="text/plain")
+        announced.data = data
+        if fault is not None and fault.kind == "lose":
+            return _hang_up(request)
+        return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
 
     async def webhook(request: web.Request) -> web.Response:
         body = await request.json()
         api.webhook_posts.append(body)
-        fault = api.faults.pop(0) if api.faults else None
+        fault = api.fault("webhook")
         if fault is not None and fault.kind == "429":
             return web.Response(
                 text="rate_limited", status=429, headers={"Retry-After": f"{fault.seconds:g}"}
@@ -107,11 +148,100 @@ def build(api: SlackApi) -> web.Application:
 
     app = web.Application()
     app.router.add_route("*", "/api/{method}", method)
+    app.router.add_post("/upload/v1/{file_id}", upload)
     app.router.add_post("/services/T000/B000/XXXX", webhook)
     return app
 
 
-def _answer(api: SlackApi, name: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _failure(request: web.Request, fault: Fault | None) -> web.StreamResponse | None:
+    """The answer a staged fault gives instead of doing the call (None: the call goes on; a
+    ``slow`` fault has waited, a ``lose`` one hangs up after it)."""
+    if fault is None:
+        return None
+    if fault.kind == "429":
+        return web.json_response(
+            {"ok": False, "error": "ratelimited"},
+            status=429,
+            headers={"Retry-After": f"{fault.seconds:g}"},
+        )
+    if fault.kind == "500":
+        return web.json_response({"ok": False, "error": "internal_error"}, status=500)
+    if fault.kind == "drop":
+        return _hang_up(request)
+    if fault.kind == "slow":
+        await asyncio.sleep(fault.seconds)
+    return None
+
+
+def _hang_up(request: web.Request) -> web.Response:
+    assert request.transport is not None
+    request.transport.close()
+    return web.Response()
+
+
+async def _file_bytes(request: web.Request) -> bytes:
+    if request.content_type.startswith("multipart/"):
+        async for part in await request.multipart():
+            if isinstance(part, BodyPartReader) and part.name in ("file", "filename"):
+                return bytes(await part.read())
+        return b""
+    return await request.read()
+
+
+def _json_list(value: Any) -> list[Any]:
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return []
+    return parsed if isinstance(parsed, list) else []
+
+
+def _upload_answer(api: SlackApi, name: str, body: dict[str, Any], origin: str) -> dict[str, Any]:
+    if name == "files.getUploadURLExternal":
+        filename, length = body.get("filename"), str(body.get("length", ""))
+        if not filename or not length.isdigit():
+            return {"ok": False, "error": "invalid_arguments"}
+        file_id = f"F{len(api.uploads) + 1:08d}"
+        api.uploads[file_id] = Upload(file_id, str(filename), int(length))
+        return {"ok": True, "upload_url": f"{origin}/upload/v1/{file_id}", "file_id": file_id}
+    # files.completeUploadExternal
+    wanted = _json_list(body.get("files"))
+    if not wanted or not all(isinstance(f, dict) and f.get("id") for f in wanted):
+        return {"ok": False, "error": "invalid_arguments"}
+    found = [api.uploads.get(str(f["id"])) for f in wanted]
+    uploads = [u for u in found if u is not None and u.data is not None and not u.completed]
+    if len(uploads) != len(wanted):
+        return {"ok": False, "error": "file_not_found"}
+    channel, thread = body.get("channel_id") or None, body.get("thread_ts") or None
+    if thread is not None and not any(
+        m.get("ts") == thread and m.get("channel") == channel for m in api.messages
+    ):
+        return {"ok": False, "error": "invalid_thread_ts"}
+    shown = []
+    for upload, asked in zip(uploads, wanted, strict=True):
+        upload.title = str(asked.get("title") or upload.filename)
+        upload.channel, upload.thread_ts, upload.completed = channel, thread, True
+        shown.append({"id": upload.id, "name": upload.filename, "title": upload.title, "size": upload.length})
+    if channel is not None:
+        stored = {
+            "via": "api",
+            "channel": channel,
+            "ts": api._ts(),
+            "text": body.get("initial_comment") or "",
+            "blocks": None,
+            "thread_ts": thread,
+            "metadata": None,
+            "edits": 0,
+            "files": shown,
+        }
+        api.messages.append(stored)
+        api.tell("post", stored)
+    return {"ok": True, "files": shown}
+
+
+def _answer(api: SlackApi, name: str, body: dict[str, Any], origin: str) -> dict[str, Any]:
+    if name in ("files.getUploadURLExternal", "files.completeUploadExternal"):
+        return _upload_answer(api, name, body, origin)
     if name == "chat.postMessage":
         blocks = body.get("blocks")
         if isinstance(blocks, str):
@@ -152,6 +282,7 @@ def _answer(api: SlackApi, name: str, body: dict[str, Any]) -> dict[str, Any]:
                 "ts": m["ts"],
                 "text": m["text"],
                 **({"metadata": m["metadata"]} if with_meta and m["metadata"] else {}),
+                **({"files": m["files"]} if m.get("files") else {}),
             }
             for m in reversed(found)
         ]

@@ -16,6 +16,11 @@ there, at least once.)
 Notices of the same incident within ``group_wait`` are one message: a firing waits that long
 before it is posted, and what arrives meanwhile (the fallback's outcome, even a resolution) is in
 the message it becomes.
+
+A weekly report goes through the same outbox (``queue_report``), as a pseudo-incident of its own so
+that its parts go in order: its summary as a message, then each chart uploaded into that message's
+thread (``files_upload_v2``; a webhook cannot upload, so there the summary goes alone). A chart that
+went missing before its turn is skipped with a note: a file that is gone will not come back.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import re
 import socket
 import time
+from pathlib import Path, PurePath
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -44,6 +50,10 @@ log = logging.getLogger("specguard.action.slack")
 STATE_KEY = "outbox"
 EVENT_TYPE = "specguard_notice"
 KEEP_INCIDENTS = 7 * 86400.0  # a resolved incident's thread gets news (a late restore) this long
+REPORT = "report|"  # a report's pseudo-incident: report|<report id>
+# Reports remembered (so that queuing one again is a no-op): a weekly report's two years. Once its
+# summary is posted a report's record is a few fields.
+KEEP_REPORTS = 100
 
 
 class SlackParams(ActionParams):
@@ -83,6 +93,10 @@ class Retry(Exception):
         super().__init__(why)
         self.after = after
         self.unsent = unsent
+
+
+class Skipped(Exception):
+    """Not delivered, and never will be (a chart whose file is gone): dropped, with a note."""
 
 
 def _empty() -> dict[str, Any]:
@@ -182,6 +196,63 @@ class SlackAction(Action):
 
         await memory.update(STATE_KEY, note)
 
+    async def queue_report(
+        self,
+        memory: ActionMemory,
+        report_id: str,
+        text: str,
+        blocks: list[dict[str, Any]],
+        files: list[tuple[str, str]],
+    ) -> str:
+        """Queue a finished report: its summary (``text``, ``blocks``) as a message, then each
+        chart of ``files`` ((path, title) of a PNG) uploaded into its thread; returns what was
+        queued. Delivered by ``tick``, like the notices. A report already queued (or posted) under
+        ``report_id`` is not queued again: whoever makes reports may offer one twice (after a
+        restart) without it being posted twice."""
+        incident = REPORT + report_id
+        said: list[str] = []
+
+        def queue(state: dict[str, Any] | None) -> dict[str, Any]:
+            state = state or _empty()
+            known = state["incidents"].get(incident)
+            if known is not None:
+                done = known.get("posted_at") is not None
+                said.append(
+                    f"report {report_id} is already {'posted' if done else 'queued'}: not queued again"
+                )
+                return state
+            now = time.time()
+            record: dict[str, Any] = {
+                "report": report_id,
+                "text": text,
+                "blocks": blocks,
+                "queued_at": now,
+                "posted_at": None,
+                "channel": None,
+                "ts": None,
+                "uploaded": [],
+                "notes": [],
+            }
+            state["incidents"][incident] = record
+            said.append(f"report {report_id}: " + _put(state, incident, "report", now))
+            if files and self._token is None:
+                why = f"{len(files)} chart(s) not attached: uploading files needs a bot token (`token`), not a webhook"
+                record["notes"].append(why)
+                said.append(why)
+            elif files:
+                taken: set[str] = set()
+                for path, title in files:
+                    said.append(_put(state, incident, "upload", now))
+                    state["items"][-1].update(
+                        {"path": str(path), "title": title, "filename": _unique(path, taken)}
+                    )
+            return _pruned_reports(state)
+
+        await memory.update(STATE_KEY, queue)
+        if self._token is None and files:
+            log.info("slack report %s: the charts need a bot token; the summary goes alone", report_id)
+        return "; ".join(said)
+
     # --- delivery ----------------------------------------------------------------------------
 
     async def tick(self, memory: ActionMemory) -> float | None:
@@ -202,6 +273,11 @@ class SlackAction(Action):
             if item["kind"] != "update" and self._token is not None:
                 await memory.update(STATE_KEY, lambda s: _mark(s, item["id"], sending=True))
             where = await self._send(item, incident)
+        except Skipped as exc:
+            skipped = str(exc)
+            log.warning("slack notice %d (%s) skipped: %s", item["id"], item["kind"], skipped)
+            await memory.update(STATE_KEY, lambda s: _skip(s, item, skipped))
+            return
         except Retry as exc:
             wait = exc.after if exc.after is not None else self._backoff(item["attempts"] + 1)
             # Once a try may have reached Slack, every later one looks for it first.
@@ -230,14 +306,22 @@ class SlackAction(Action):
             s = s or _empty()
             s["items"] = [i for i in s["items"] if i["id"] != item["id"]]
             record = s["incidents"].get(item["incident"])
-            if record is not None and item["kind"] == "post" and where is not None:
+            if record is not None and item["kind"] in ("post", "report") and where is not None:
                 record["channel"], record["ts"] = where
+            if record is not None and item["kind"] == "report":  # what it said is in Slack now
+                record.pop("text", None)
+                record.pop("blocks", None)
+                record["posted_at"] = time.time()
+            if record is not None and item["kind"] == "upload":
+                record.setdefault("uploaded", []).append(item["filename"])
             return s
 
         if self._webhook is not None:
             said = "posted through the incoming webhook" if item["kind"] != "update" else ""
-        elif item["kind"] == "post" and where is not None:
+        elif item["kind"] in ("post", "report") and where is not None:
             said = f"posted to {where[0]} (ts {where[1]})"
+        elif item["kind"] == "upload":
+            said = f"uploaded {item['filename']} into the report's thread"
         elif item["kind"] == "reply":
             said = f"replied in the thread: {message.cut(item['text'], 80)}"
         else:
@@ -252,15 +336,23 @@ class SlackAction(Action):
         return float(min(self.slack.max_backoff, self.slack.backoff * 2 ** max(0, attempts - 1)))
 
     async def _send(self, item: dict[str, Any], incident: dict[str, Any]) -> tuple[str, str] | None:
-        """Deliver one notice; the (channel, ts) of a posted parent. Raises Retry."""
+        """Deliver one notice; the (channel, ts) of a posted parent. Raises Retry, or Skipped."""
         if item["kind"] == "reply":
             text, blocks = message.reply(item["text"])
+        elif item["kind"] == "report":
+            text, blocks = str(incident.get("text") or ""), list(incident.get("blocks") or [])
+        elif item["kind"] == "upload":
+            text, blocks = "", []
         else:
             text, blocks = message.notice(incident, incident.get("resolved"))
         try:
             if self._webhook is not None:
                 if item["kind"] == "update":
                     return None  # a webhook cannot edit: the reply said it
+                if item["kind"] == "upload":  # queued under a bot token, the config since changed
+                    raise Skipped(
+                        f"chart {item['filename']} not uploaded: an incoming webhook cannot upload files"
+                    )
                 if item["kind"] == "reply":
                     text, blocks = message.reply(f"{incident.get('rule', '')}: {item['text']}")
                 async with aiohttp.ClientSession() as session:
@@ -286,6 +378,9 @@ class SlackAction(Action):
                     channel=incident["channel"], ts=incident["ts"], text=text, blocks=blocks
                 )
                 return None
+            if item["kind"] == "upload":
+                await self._upload(client, item, incident)
+                return None
             thread = incident.get("ts") if item["kind"] == "reply" else None
             if item.get("sending"):  # a send before this one may have reached Slack: look first
                 found = await self._find(client, item, incident, thread)
@@ -298,7 +393,11 @@ class SlackAction(Action):
                 thread_ts=thread,
                 metadata={
                     "event_type": EVENT_TYPE,
-                    "event_payload": {"notice": item["id"], "action": self.name},
+                    "event_payload": {
+                        "notice": item["id"],
+                        "action": self.name,
+                        **({"report": incident["report"]} if item["kind"] == "report" else {}),
+                    },
                 },
             )
             return str(answer["channel"]), str(answer["ts"])
@@ -309,6 +408,50 @@ class SlackAction(Action):
             raise Retry(f"{status} {exc.response.get('error', '')}".strip()) from None
         except (aiohttp.ClientError, TimeoutError, SlackRequestError) as exc:
             raise Retry(f"{type(exc).__name__}: {exc}"[:200]) from None
+
+    async def _upload(self, client: AsyncWebClient, item: dict[str, Any], report: dict[str, Any]) -> None:
+        """Upload a chart into the report's thread, unless an earlier try did.
+
+        The file is read here, before anything is sent, so that a file gone (Skipped, for good)
+        is told apart from Slack not answering (Retry). slack-sdk's ``files_upload_v2`` then asks
+        ``files.getUploadURLExternal`` for an upload URL, POSTs the bytes to it, and shares the file
+        with ``files.completeUploadExternal``; a try that fails part way leaves an upload never
+        completed, which Slack discards."""
+        path = Path(item["path"])
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise Skipped(
+                f"chart {item['filename']} ({item['title']}) not uploaded: {path}: {exc.strerror or exc}"
+            ) from None
+        if not report.get("ts"):
+            raise Skipped(f"chart {item['filename']} not uploaded: the report's message is not known")
+        if item.get("sending") and await self._shared(client, item, report):
+            return
+        await client.files_upload_v2(
+            channel=report["channel"],
+            thread_ts=report["ts"],
+            file=data,
+            filename=item["filename"],
+            title=item["title"],
+        )
+
+    async def _shared(self, client: AsyncWebClient, item: dict[str, Any], report: dict[str, Any]) -> bool:
+        """Whether the chart is in the report's thread already (a try whose answer was lost): a
+        file carries no metadata, so it is known by its name and title, unique in the report."""
+        answer = await client.conversations_replies(
+            channel=report["channel"], ts=report["ts"], oldest=f"{item['created'] - 5:.6f}", limit=200
+        )
+        posted: dict[str, Any]
+        shared: dict[str, Any]
+        for posted in answer.get("messages", []):
+            for shared in posted.get("files") or []:
+                if shared.get("name") == item["filename"] and shared.get("title") == item["title"]:
+                    log.info(
+                        "slack chart %s was uploaded before the answer was lost: not again", item["filename"]
+                    )
+                    return True
+        return False
 
     async def _find(
         self, client: AsyncWebClient, item: dict[str, Any], incident: dict[str, Any], thread: str | None
@@ -344,6 +487,41 @@ def _note(incident: dict[str, Any], text: str) -> list[tuple[int, str]]:
     """A line for history under the firing that opened the incident."""
     event_id = incident.get("event_id")
     return [(int(event_id), text)] if event_id is not None else []
+
+
+def _skip(state: dict[str, Any] | None, item: dict[str, Any], why: str) -> dict[str, Any]:
+    """Drop a notice that cannot be delivered, and say why in its record."""
+    state = state or _empty()
+    state["items"] = [i for i in state["items"] if i["id"] != item["id"]]
+    record = state["incidents"].get(item["incident"])
+    if record is not None:
+        record.setdefault("notes", []).append(why)
+    return state
+
+
+def _unique(path: str, taken: set[str]) -> str:
+    """The chart's file name, made unique within its report (``a-2.png``): a chart whose upload
+    answer was lost is recognised in the thread by its name."""
+    name = PurePath(path).name or "chart.png"
+    stem, suffix, number = PurePath(name).stem, PurePath(name).suffix, 2
+    while name in taken:
+        name, number = f"{stem}-{number}{suffix}", number + 1
+    taken.add(name)
+    return name
+
+
+def _pruned_reports(state: dict[str, Any]) -> dict[str, Any]:
+    """Forget all but the KEEP_REPORTS newest reports (never one with something queued)."""
+    busy = {i["incident"] for i in state["items"]}
+    reports = sorted(
+        (record.get("queued_at") or 0.0, incident)
+        for incident, record in state["incidents"].items()
+        if incident.startswith(REPORT)
+    )
+    for _, incident in reports[: max(0, len(reports) - KEEP_REPORTS)]:
+        if incident not in busy:
+            del state["incidents"][incident]
+    return state
 
 
 def _outcome(o: RunOutcome) -> dict[str, Any]:
