@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import platformdirs
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from common.schedule import cron
 from daemon.sources.scrape import DEFAULT_MAX_PAGE_BYTES, duplicate_instances, instance_label
 from rules.durations import Duration, Interval
 
@@ -182,6 +183,37 @@ class ServerConfig(_Strict):
         return None
 
 
+DAY = 86400.0
+
+
+class HistoryConfig(_Strict):
+    """Per-minute rollups of every catalog signal, per server and model, for the weekly report."""
+
+    enabled: bool = True
+    retention: Duration = Field(35 * DAY, ge=DAY)
+    max_size: ByteSize = 256 * 2**20  # the oldest minutes go first when history outgrows it
+    # With the Prometheus source: the vLLM servers whose history the daemon keeps (it scrapes them
+    # itself). With the scrape source, its own targets are recorded and this stays unset.
+    scrape: ScrapeSourceConfig | None = None
+
+
+class ReportConfig(_Strict):
+    """The weekly report the daemon makes on its own (``specguard report`` makes one any time)."""
+
+    schedule: str | None = "0 8 * * mon"  # crontab (minute hour day month weekday); null: none
+    timezone: str = "UTC"
+    period: Duration = Field(7 * DAY, ge=3600.0)
+    formats: tuple[Literal["html", "md", "json"], ...] = Field(("html", "json"), min_length=1)
+    out_dir: Path | None = None  # default: <state_dir>/reports
+    slack: str | None = None  # a `slack` action (with a bot token) to post the summary and charts
+
+    @model_validator(mode="after")
+    def _schedule(self) -> ReportConfig:
+        if self.schedule is not None:
+            cron(self.schedule, self.timezone)  # raises ValueError with the reason
+        return self
+
+
 # Keys that moved, and where to: a config that still has them gets this as its error.
 MOVED_KEYS = {"listen": "server.listen", "port": "server.port"}
 
@@ -193,6 +225,8 @@ class Config(_Strict):
     actions: dict[str, dict[str, Any]] = Field(default_factory=dict)
     baseline: Path | None = None
     state_dir: Path | None = None
+    history: HistoryConfig = HistoryConfig()
+    report: ReportConfig = ReportConfig()
     interval: Interval = 15.0
     dry_run: bool = False
     log_format: Literal["auto", "json", "text"] = "auto"
@@ -209,6 +243,9 @@ class Config(_Strict):
     @property
     def scrape(self) -> ScrapeSourceConfig:
         return self.sources.scrape or ScrapeSourceConfig()
+
+    def reports_dir(self) -> Path:
+        return self.report.out_dir or self.resolved_state_dir() / "reports"
 
     def resolved_state_dir(self) -> Path:
         """``state_dir``, else ``$STATE_DIRECTORY`` (systemd), else the user's state directory."""

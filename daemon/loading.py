@@ -129,6 +129,7 @@ def load(
     loaded = Loaded(config, label, problems=moved)
     loaded.actions = _load_actions(config, data, label, loaded.problems, base_dir)
     loaded.baseline = _load_baseline(config, data, label, loaded.problems)
+    _check_report_slack(loaded, data)
     patterns = list(rule_files) or list(config.rules)
     # Files named on the command line are relative to where the command runs, like promtool's;
     # files named in the config are relative to the config.
@@ -166,6 +167,7 @@ def _resolve_paths(config: Config, base: Path) -> Config:
         "server": config.server.model_copy(
             update={"webhook_token_file": resolve(config.server.webhook_token_file)}
         ),
+        "report": config.report.model_copy(update={"out_dir": resolve(config.report.out_dir)}),
     }
     prometheus = config.sources.prometheus
     if prometheus is not None and prometheus.bearer_token_file is not None:
@@ -352,6 +354,27 @@ def _load_actions(
         except ValueError as exc:  # names an action that is not there, or of the wrong type
             problems.append(Problem(label, line_of(data, ("actions", name)), f"actions.{name}", str(exc)))
     return actions
+
+
+def _check_report_slack(loaded: Loaded, data: Any) -> None:
+    name = loaded.config.report.slack
+    if name is None:
+        return
+    action = loaded.actions.get(name)
+    why = (
+        f"no action named {name!r}" if action is None and name not in loaded.config.actions
+        else f"{name!r} is not a slack action" if action is not None and action.type != "slack"
+        else None
+    )  # fmt: skip
+    if why is not None:
+        loaded.problems.append(
+            Problem(
+                loaded.config_file or "<defaults>",
+                line_of(data, ("report", "slack")),
+                "report.slack",
+                f"{why}: name a `slack` action",
+            )
+        )
 
 
 def _load_baseline(config: Config, data: Any, label: str, problems: list[Problem]) -> Baseline | None:

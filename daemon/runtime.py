@@ -17,7 +17,8 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExe
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from daemon import __version__, systemd
+from common.schedule import cron, last_due
+from daemon import __version__, history, systemd
 from daemon.alertmanager.book import AlertBook, Receipt, trigger_of
 from daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
 from daemon.alertmanager.payload import Message
@@ -68,6 +69,22 @@ def make_source(config: Config, retention: float) -> Source:
     )
 
 
+HISTORY_SCRAPE_EVERY = 15.0  # seconds, for history_source
+
+
+def make_history_source(config: Config) -> Any:
+    """The scrape of ``history.scrape`` when the Prometheus source leaves history without samples."""
+    if config.sources.prometheus is None or config.history.scrape is None or not config.history.enabled:
+        return None
+    from daemon.sources.scrape import ScrapeSource
+
+    scrape = config.history.scrape
+    return ScrapeSource(
+        scrape.urls, timeout=scrape.timeout, retention=4 * HISTORY_SCRAPE_EVERY, names=scrape.names,
+        max_page_bytes=scrape.max_page_size,
+    )  # fmt: skip
+
+
 def retention_for(loaded: Loaded) -> float:
     """How long the scrape source must keep samples: the longest window, plus slack."""
     windows = [r.rule.window for r in loaded.enabled_rules()] or [300.0]
@@ -95,6 +112,8 @@ class Daemon:
         self.metrics = DaemonMetrics()
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
         self.source: Source = make_source(loaded.config, retention_for(loaded))
+        # With the Prometheus source, the servers whose history is kept are scraped for it alone.
+        self.history_source: Any = make_history_source(loaded.config)
         self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
         # What Alertmanager has said, alert by alert, of the alerts some rule watches: the others
         # are only stored (a reload that adds a rule reads them back from the store).
@@ -179,6 +198,7 @@ class Daemon:
         self._spawn(self._process_alerts())
         self._spawn(self.dispatcher.serve())  # restores, when their quiet period is over
         self._start_scheduler()
+        self._spawn(self._catch_up_report())
         if handle_signals:
             self._install_signal_handlers()
         wd = systemd.watchdog_interval()
@@ -227,6 +247,8 @@ class Daemon:
         if self._site_runner is not None:
             await self._site_runner.cleanup()
         await self.source.close()
+        if self.history_source is not None:
+            await self.history_source.close()
         await self.store.close()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -277,6 +299,26 @@ class Daemon:
         self.scheduler.add_job(
             self._prune_alerts, IntervalTrigger(hours=1), id="prune-alerts", next_run_time=now
         )
+        config = self.loaded.config
+        if config.history.enabled:
+            self.scheduler.add_job(
+                self._prune_history, IntervalTrigger(hours=1), id="prune-history", next_run_time=now
+            )
+            if self.history_source is not None:
+                self.scheduler.add_job(
+                    self._scrape_history,
+                    IntervalTrigger(seconds=HISTORY_SCRAPE_EVERY),
+                    id="scrape-history",
+                    next_run_time=now,
+                )
+        if config.report.schedule is not None:
+            # Only the time of day counts: a run the daemon missed is made once, at start.
+            self.scheduler.add_job(
+                self._weekly_report,
+                cron(config.report.schedule, config.report.timezone),
+                id="report",
+                misfire_grace_time=3600,
+            )
         intervals = sorted({self._interval_of(r) for r in self.loaded.enabled_rules()})
         self.last_round_of = {interval: self.last_round_of.get(interval) for interval in intervals}
         for interval in intervals:
@@ -309,10 +351,82 @@ class Daemon:
             return  # stopping: the scrape is abandoned, nothing to report
         finally:
             self._scrapes.discard(task)
+        await self._record_history(self.source)
         errors: Mapping[str, str] = getattr(self.source, "last_errors", {})
         instances: Mapping[str, str] = getattr(self.source, "instances", {})
         for target in errors:
             self.metrics.source_errors.labels(self.source.kind, instances.get(target, "")).inc()
+
+    # --- history and reports ---------------------------------------------------------------------
+
+    async def _record_history(self, source: Any) -> None:
+        latest = getattr(source, "latest", None)
+        if latest is None or not self.loaded.config.history.enabled:
+            return
+        scrapes = latest()
+        try:
+            # Unsynced: a power cut may lose the last few scrapes' increases, which the next
+            # scrape after the restart then counts (it is compared with the last one stored).
+            await self.store.call(lambda db: history.record(db, scrapes), synced=False)
+        except StoreError as exc:
+            log.warning("history not recorded: %s", exc)
+
+    async def _scrape_history(self) -> None:
+        await self.history_source.refresh()
+        await self._record_history(self.history_source)
+
+    async def _prune_history(self) -> None:
+        config = self.loaded.config.history
+        before = time.time() - config.retention
+        try:
+            await self.store.call(lambda db: history.prune(db, before, config.max_size), synced=False)
+        except StoreError as exc:
+            log.warning("history not pruned: %s", exc)
+
+    async def _weekly_report(self, scheduled: float | None = None) -> None:
+        """The report of the period before ``scheduled`` (the schedule's time now, by default);
+        posted to Slack when the config names a slack action."""
+        from report import weekly
+
+        config = self.loaded.config
+        if scheduled is None:
+            job = self.scheduler.get_job("report") if self.scheduler is not None else None
+            trigger = (
+                job.trigger if job is not None else cron(config.report.schedule or "", config.report.timezone)
+            )
+            moment = last_due(trigger, datetime.fromtimestamp(time.time() - 86400, UTC), datetime.now(UTC))
+            if moment is None:
+                return
+            scheduled = moment.timestamp()
+        try:
+            made = await weekly.scheduled_report(
+                self.store, scheduled, config.report.period, config.report.formats, config.reports_dir(),
+                self.loaded.baseline,
+            )  # fmt: skip
+            if made is not None and config.report.slack is not None:
+                said = await weekly.post(
+                    self.store, self.dispatcher.actions, config.report.slack, made[0], config.reports_dir()
+                )
+                log.info("weekly report for Slack: %s", said)
+                self.dispatcher.wake()
+        except Exception:  # a report must never take the daemon down: said, and tried next time
+            log.exception("the weekly report of %s failed", datetime.fromtimestamp(scheduled, UTC).date())
+
+    async def _catch_up_report(self) -> None:
+        """Make the last report the daemon missed while it was down, once."""
+        from report import weekly
+
+        config = self.loaded.config
+        if config.report.schedule is None:
+            return
+        due = await weekly.missed(
+            self.store, cron(config.report.schedule, config.report.timezone), time.time()
+        )
+        if due is not None:
+            log.info(
+                "the weekly report of %s was missed while stopped: made now", datetime.fromtimestamp(due, UTC)
+            )
+            await self._weekly_report(due)
 
     # --- evaluation ------------------------------------------------------------------------------
 
@@ -603,6 +717,10 @@ class Daemon:
                     adopt(self.source)  # targets kept across the reload keep their samples
                 await self.source.close()
                 self.source = source
+            if (old.config.sources, old.config.history) != (new.config.sources, new.config.history):
+                if self.history_source is not None:
+                    await self.history_source.close()
+                self.history_source = make_history_source(new.config)
             self.loaded = new
             await self._rebuild_book()
             self.dispatcher.actions = dict(new.actions)

@@ -32,6 +32,7 @@ from common.secrets import read_if_given
 from rules.durations import Duration, format_duration
 
 STATE_KEY = "flag"
+KEEP_SPANS = 500  # engagements remembered (with their restore) for the weekly report
 
 
 class FeatureFlagParams(ActionParams):
@@ -126,6 +127,7 @@ class FeatureFlagAction(Action):
             def engaged(record: dict[str, Any] | None) -> dict[str, Any]:
                 record = record or _empty()
                 record.update(engaged=True, since=now, failures=0)
+                record["spans"] = [*record.get("spans", []), {"engaged": now, "restored": None}][-KEEP_SPANS:]
                 return record
 
             await memory.update(STATE_KEY, engaged)
@@ -163,6 +165,9 @@ class FeatureFlagAction(Action):
             def restored(record: dict[str, Any] | None) -> dict[str, Any]:
                 record = record or _empty()
                 record.update(engaged=False, since=None, failures=0)
+                spans = record.get("spans") or []
+                if spans and spans[-1].get("restored") is None:
+                    spans[-1]["restored"] = time.time()
                 return record
 
             await memory.update(STATE_KEY, restored)

@@ -180,6 +180,10 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def wake(self) -> None:
+        """Look again now: an action was given work of its own (a report to post)."""
+        self._due.set()
+
     async def tick(self) -> None:
         """Each action's own due work (a Slack outbox); notes when the next is due."""
         upcoming: list[float] = []

@@ -1,0 +1,1 @@
+"""The weekly report: figures from the store's history, recommendations, rendering."""

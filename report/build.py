@@ -1,0 +1,240 @@
+"""Assemble a report (``report.model``) from the store: history's figures and what the daemon did.
+
+Runs on the store's writer thread (``Store.call``): one read of history per week, then the events,
+action runs, flag engagements, rung changes and silences of the period.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from daemon import history
+from daemon.baseline import Baseline
+from daemon.history import Minute
+from report import figures as fig
+from report.model import HEADLINE, LATENCY, VERSION, Report, headline
+
+# Per-day, per-hour and hour-by-hour figures: the acceptance family.
+_ACCEPTANCE = ("acceptance_rate", "mean_acceptance_length", "estimated_speedup", "drafts")
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build(
+    db: sqlite3.Connection,
+    start: float,
+    end: float,
+    *,
+    baseline: Baseline | None,
+    host: str,
+    now: float,
+    charts_missing: str | None = None,
+) -> Report:
+    """The report of ``[start, end)``, with the same span before it for week-over-week change."""
+    span = end - start
+    current = history.read(db, start, end)
+    previous = history.read(db, start - span, start)
+    series = [
+        _series(instance, model, current.get((instance, model), []), previous.get((instance, model), []),
+                baseline)
+        for instance, model in sorted(set(current) | set(previous))
+    ]  # fmt: skip
+    from report.recommend import recommendations
+
+    return {
+        "specguard_report": VERSION,
+        "generated_at": iso(now),
+        "host": host,
+        "period": {"from": iso(start), "to": iso(end), "seconds": span},
+        "previous_period": {"from": iso(start - span), "to": iso(start)},
+        "series": series,
+        "rules": _rules(db, start, end),
+        "fallbacks": _fallbacks(db, start, end, now),
+        "restarts": _restarts(db, start, end),
+        "silences": _silences(db, start, end),
+        "recommendations": recommendations(series),
+        "charts": {"available": charts_missing is None, "missing": charts_missing},
+    }
+
+
+def _cost(baseline: Baseline | None, labels: Mapping[str, str]) -> tuple[float | None, str]:
+    if baseline is None:
+        return None, "no baseline file: set `baseline` in the config (specguard bench --write-baseline)"
+    cost = baseline.draft_cost(labels)
+    if isinstance(cost, str):
+        return None, cost
+    entry = baseline.entry_for(labels)
+    spec = getattr(entry, "speculative", None)
+    given = spec is not None and spec.draft_cost is not None
+    how = "draft_cost" if given else f"the default for method {getattr(spec, 'method', None)}"
+    return cost, f"baseline: {how}"
+
+
+def _grouped(minutes: Iterable[Minute], key: Callable[[int], Any]) -> dict[Any, list[Minute]]:
+    out: dict[Any, list[Minute]] = {}
+    for minute in minutes:
+        out.setdefault(key(minute.minute), []).append(minute)
+    return out
+
+
+def _acceptance(minutes: list[Minute], cost: float | None, k: int | None) -> dict[str, Any]:
+    parts, count = fig.total(minutes)
+    figures = fig.figures(parts, count, cost)
+    # A day or hour without drafts of its own still uses the week's k (vLLM's positions are fixed).
+    figures["estimated_speedup"] = fig.speedup(figures["mean_acceptance_length"], k, cost)
+    return {name: figures[name] for name in _ACCEPTANCE}
+
+
+def _series(
+    instance: str, model: str, minutes: list[Minute], before: list[Minute], baseline: Baseline | None
+) -> dict[str, Any]:
+    labels = {"instance": instance, "model_name": model}
+    cost, cost_source = _cost(baseline, labels)
+    parts, count = fig.total(minutes)
+    previous_parts, previous_count = fig.total(before)
+    now_figures = fig.figures(parts, count, cost)
+    then_figures = fig.figures(previous_parts, previous_count, cost)
+    k = fig.positions(parts) or None
+    day = _grouped(minutes, lambda m: datetime.fromtimestamp(m, UTC).strftime("%Y-%m-%d"))
+    hour = _grouped(minutes, lambda m: datetime.fromtimestamp(m, UTC).hour)
+    hourly = _grouped(minutes, lambda m: m - m % 3600)
+    latency = []
+    for name in LATENCY:
+        value = now_figures[name]
+        known = baseline.value(labels, name) if baseline is not None else None
+        base = known if isinstance(known, float | int) else None
+        ratio = value / base if value is not None and base else None
+        latency.append({"signal": name, "value": value, "baseline": base, "ratio": ratio})
+    return {
+        "instance": instance,
+        "model": model,
+        "k": k,
+        "draft_cost": cost,
+        "draft_cost_source": cost_source,
+        "minutes": count,
+        "headline": {name: headline(now_figures[name], then_figures[name]) for name in HEADLINE},
+        "per_position": fig.per_position(parts),
+        "by_day": [{"day": d, **_acceptance(m, cost, k)} for d, m in sorted(day.items())],
+        "by_hour_of_day": [{"hour": h, **_acceptance(m, cost, k)} for h, m in sorted(hour.items())],
+        "hourly": [{"at": iso(h), **_acceptance(m, cost, k)} for h, m in sorted(hourly.items())],
+        "latency": latency,
+    }
+
+
+def _rules(db: sqlite3.Connection, start: float, end: float) -> list[dict[str, Any]]:
+    """Each rule that fired in the period: its firings, when each resolved, and the time from the
+    breach's start to the first action that did its work (the time users waited for a remedy)."""
+    firings = db.execute(
+        "SELECT id, at, rule, series, severity, value, since FROM events"
+        " WHERE kind='firing' AND shadow=0 AND at >= ? AND at < ? ORDER BY at",
+        (start, end),
+    ).fetchall()
+    rules: dict[str, dict[str, Any]] = {}
+    for row in firings:
+        resolved = db.execute(
+            "SELECT MIN(at) FROM events WHERE rule=? AND series=? AND kind='resolved' AND at > ?",
+            (row["rule"], row["series"], row["at"]),
+        ).fetchone()[0]
+        acted = db.execute(
+            "SELECT MIN(finished) FROM action_runs WHERE event_id=? AND status='ok' AND mode='run'",
+            (row["id"],),
+        ).fetchone()[0]
+        began = row["since"] if row["since"] is not None else row["at"]
+        entry = rules.setdefault(
+            row["rule"],
+            {"rule": row["rule"], "severity": row["severity"], "fired": 0, "resolved": 0, "firings": []},
+        )
+        entry["fired"] += 1
+        entry["resolved"] += resolved is not None
+        entry["firings"].append(
+            {
+                "at": iso(row["at"]),
+                "since": iso(began),
+                "series": row["series"],
+                "value": row["value"],
+                "resolved_at": iso(resolved) if resolved is not None else None,
+                "time_to_act": acted - began if acted is not None else None,
+            }
+        )
+    for entry in rules.values():
+        waits = [f["time_to_act"] for f in entry["firings"] if f["time_to_act"] is not None]
+        entry["median_time_to_act"] = statistics.median(waits) if waits else None
+    return sorted(rules.values(), key=lambda e: (-e["fired"], e["rule"]))
+
+
+def _memories(db: sqlite3.Connection, key: str) -> list[tuple[str, dict[str, Any]]]:
+    rows = db.execute("SELECT action, value FROM action_memory WHERE key=? ORDER BY action", (key,))
+    return [(str(r["action"]), json.loads(r["value"])) for r in rows]
+
+
+def _fallbacks(db: sqlite3.Connection, start: float, end: float, now: float) -> dict[str, Any]:
+    """Each feature flag's engagements that overlap the period, the time each spent engaged inside
+    it (one still engaged counts until the report's end or now), and how many began in it."""
+    spans = []
+    for action, memory in _memories(db, "flag"):
+        for span in memory.get("spans") or []:
+            engaged, restored = float(span["engaged"]), span.get("restored")
+            stop = float(restored) if restored is not None else min(now, end)
+            if engaged >= end or stop <= start:
+                continue
+            spans.append(
+                {
+                    "action": action,
+                    "engaged": iso(engaged),
+                    "restored": iso(float(restored)) if restored is not None else None,
+                    "seconds": min(stop, end) - max(engaged, start),
+                    "began_in_period": engaged >= start,
+                }
+            )
+    spans.sort(key=lambda s: str(s["engaged"]))
+    return {
+        "count": sum(1 for s in spans if s["began_in_period"]),
+        "seconds": sum(s["seconds"] for s in spans),
+        "spans": spans,
+    }
+
+
+def _restarts(db: sqlite3.Connection, start: float, end: float) -> list[dict[str, Any]]:
+    out = []
+    for action, memory in _memories(db, "ladder"):
+        for entry in memory.get("log") or []:
+            if start <= float(entry["at"]) < end:
+                out.append(
+                    {
+                        "at": iso(float(entry["at"])),
+                        "action": action,
+                        "status": "ok" if entry.get("ok") else "failed",
+                        "k_from": entry.get("from"),
+                        "k_to": entry.get("to"),
+                        "reason": entry.get("reason"),
+                        "seconds": float(entry["ended"]) - float(entry["at"]) if entry.get("ended") else None,
+                        "detail": entry.get("detail", ""),
+                    }
+                )
+    return sorted(out, key=lambda r: r["at"])
+
+
+def _silences(db: sqlite3.Connection, start: float, end: float) -> list[dict[str, Any]]:
+    rows = db.execute(
+        "SELECT rule, match, starts, ends, reason, author, expired FROM silences"
+        " WHERE starts < ? AND COALESCE(expired, ends) > ? ORDER BY starts",
+        (end, start),
+    )
+    return [
+        {
+            "rule": r["rule"],
+            "match": json.loads(r["match"]) if r["match"] else {},
+            "starts": iso(r["starts"]),
+            "ends": iso(r["expired"] if r["expired"] is not None else r["ends"]),
+            "reason": r["reason"],
+            "author": r["author"],
+        }
+        for r in rows
+    ]

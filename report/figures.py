@@ -1,0 +1,94 @@
+"""A window's figures from history minutes: the same arithmetic the catalog's signals do, over sums.
+
+Every figure of a window is computed from the sum of its minutes (``daemon.history``): acceptance
+rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafts, position i's rate =
+its accepted tokens / drafts, a latency quantile by Prometheus's bucket interpolation over the
+window's bucket increases, rates per second of observed time (the minutes history holds), gauges as
+the average of every sample in the window (KV-cache usage: the fullest engine at each scrape).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from daemon.history import MINUTE, Components, Minute, merge
+from daemon.sources.scrape import bucket_quantile
+
+QUANTILES: dict[str, tuple[str, float]] = {
+    "ttft_p50": ("ttft", 0.5),
+    "ttft_p95": ("ttft", 0.95),
+    "itl_p50": ("itl", 0.5),
+    "itl_p95": ("itl", 0.95),
+    "e2e_latency_p50": ("e2e", 0.5),
+    "e2e_latency_p95": ("e2e", 0.95),
+}
+
+
+def total(minutes: Iterable[Minute]) -> tuple[Components, int]:
+    """The sum of ``minutes`` and how many there were."""
+    parts: Components = {}
+    count = 0
+    for minute in minutes:
+        merge(parts, minute.parts)
+        count += 1
+    return parts, count
+
+
+def positions(parts: Mapping[str, float]) -> int:
+    """How many draft positions the window counted (vLLM's num_speculative_tokens)."""
+    return sum(1 for key in parts if key.startswith("pos:"))
+
+
+def per_position(parts: Mapping[str, float]) -> list[float]:
+    drafts = parts.get("drafts", 0.0)
+    if drafts <= 0:
+        return []
+    found = sorted(
+        (int(key[4:]), value) for key, value in parts.items() if key.startswith("pos:") and key[4:].isdigit()
+    )
+    return [value / drafts for _, value in found]
+
+
+def quantile(parts: Mapping[str, float], histogram: str, q: float) -> float | None:
+    prefix = f"{histogram}:le="
+    buckets = [(float(key[len(prefix) :]), value) for key, value in parts.items() if key.startswith(prefix)]
+    value = bucket_quantile(q, buckets)
+    return None if math.isnan(value) else value
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def speedup(mean_acceptance_length: float | None, k: int | None, draft_cost: float | None) -> float | None:
+    """Leviathan et al.'s Theorem 3.8 with the measured acceptance length: MAL / (1 + k c)."""
+    if mean_acceptance_length is None or k is None or draft_cost is None:
+        return None
+    return mean_acceptance_length / (1 + k * draft_cost)
+
+
+def figures(parts: Mapping[str, float], minutes: int, draft_cost: float | None = None) -> dict[str, Any]:
+    """Every headline figure of a window whose components sum to ``parts`` over ``minutes``."""
+    seconds = minutes * MINUTE
+    drafts = parts.get("drafts", 0.0)
+    accepted = parts.get("accepted")
+    k = positions(parts) or None
+    mal = 1 + accepted / drafts if accepted is not None and drafts > 0 else None
+    out: dict[str, Any] = {
+        "acceptance_rate": _ratio(accepted, parts.get("draft_tokens")),
+        "mean_acceptance_length": mal,
+        "estimated_speedup": speedup(mal, k, draft_cost),
+        "generation_throughput": _ratio(parts.get("generation_tokens"), seconds),
+        "request_rate": _ratio(parts.get("requests"), seconds),
+        "kv_cache_usage_mean": _ratio(parts.get("kv:sum"), parts.get("kv:n")),
+        "kv_cache_usage_max": parts.get("max:kv"),
+        "preemptions": parts.get("preemptions", 0.0) if minutes else None,
+        "drafts": drafts if minutes else None,
+    }
+    for name, (histogram, q) in QUANTILES.items():
+        out[name] = quantile(parts, histogram, q)
+    return out

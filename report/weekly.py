@@ -1,0 +1,156 @@
+"""Making a report: once from ``specguard report``, or on the daemon's weekly schedule.
+
+The schedule is a cron expression (APScheduler's ``CronTrigger``). What makes it safe to leave
+running is the ``reports`` table: a report is recorded by the time it was scheduled for, so a
+report missed while the daemon was down is made once when it starts again (only the latest one
+missed, and only for a time after the schedule was first seen), and never twice. The files are
+written before the row: a crash between the two makes the same files again, under the same names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from common.schedule import last_due
+from daemon.baseline import Baseline
+from daemon.store import Store, transaction
+from report.build import build
+from report.model import Report
+
+log = logging.getLogger("specguard.report")
+
+SINCE_KEY = "reports_scheduled_since"  # meta: when the schedule was first seen by this store
+CATCH_UP_LIMIT = timedelta(days=35)  # no report is made for a time older than history keeps
+
+
+def charts_missing() -> str | None:
+    from report import charts
+
+    return charts.available()
+
+
+async def make(
+    store: Store,
+    start: float,
+    end: float,
+    formats: Sequence[str],
+    out_dir: Path,
+    baseline: Baseline | None,
+    host: str | None = None,
+) -> tuple[Report, list[Path]]:
+    """Build the report of ``[start, end)`` and write it in each of ``formats`` into ``out_dir``."""
+    missing = charts_missing()
+    now = time.time()
+    report = await store.call(
+        lambda db: build(
+            db,
+            start,
+            end,
+            baseline=baseline,
+            host=host or socket.gethostname(),
+            now=now,
+            charts_missing=missing,
+        ),
+        synced=False,
+    )
+    paths = await asyncio.to_thread(_write, report, formats, out_dir)
+    return report, paths
+
+
+def _write(report: Report, formats: Sequence[str], out_dir: Path) -> list[Path]:
+    from report import charts, render
+
+    drawn = charts.charts(report) if charts.available() is None else []  # once for every format
+    paths: list[Path] = []
+    for fmt in formats:
+        paths.extend(render.write(report, fmt, out_dir, drawn))
+    return paths
+
+
+async def post(store: Store, actions: Mapping[str, Any], name: str, report: Report, out_dir: Path) -> str:
+    """Queue ``report``'s summary and charts in the outbox of the slack action ``name``; the
+    dispatcher's loop delivers them (retried, never twice: the report's period is its id)."""
+    from actions.slack import SlackAction
+    from daemon.dispatch.memory import StoreMemory
+    from report import charts, render
+    from report.slack import summary
+
+    action = actions.get(name)
+    if not isinstance(action, SlackAction):
+        raise ValueError(f"report.slack: {name!r} is not a slack action")
+    text, blocks = summary(report)
+    drawn = charts.charts(report) if charts.available() is None else []
+    pngs = await asyncio.to_thread(render.write_charts, report, drawn, out_dir)
+    files = [(str(png), chart.title) for png, chart in zip(pngs, drawn, strict=True)]
+    return await action.queue_report(
+        StoreMemory(store, name), render.filename_stem(report), text, blocks, files
+    )
+
+
+# --- the daemon's schedule ---------------------------------------------------------------------
+
+
+def _since(db: sqlite3.Connection, now: float) -> float:
+    """When this store first saw a report schedule (recorded now if never)."""
+    with transaction(db):
+        db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", (SINCE_KEY, repr(now)))
+        row = db.execute("SELECT value FROM meta WHERE key=?", (SINCE_KEY,)).fetchone()
+    return float(row[0])
+
+
+def _made(db: sqlite3.Connection, scheduled: float) -> bool:
+    return db.execute("SELECT 1 FROM reports WHERE scheduled=?", (scheduled,)).fetchone() is not None
+
+
+def _record(db: sqlite3.Connection, scheduled: float, start: float, end: float, paths: list[Path]) -> bool:
+    with transaction(db):
+        cursor = db.execute(
+            "INSERT OR IGNORE INTO reports (scheduled, made, period_from, period_to, paths) VALUES (?, ?, ?, ?, ?)",
+            (scheduled, time.time(), start, end, json.dumps([str(p) for p in paths])),
+        )
+    return cursor.rowcount == 1
+
+
+async def missed(store: Store, trigger: Any, now: float) -> float | None:
+    """The scheduled time of a report the daemon missed while it was down, if there is one."""
+    since = await store.call(lambda db: _since(db, now))
+    moment = datetime.fromtimestamp(now, UTC)
+    earliest = max(datetime.fromtimestamp(since, UTC), moment - CATCH_UP_LIMIT)
+    due = last_due(trigger, earliest, moment)
+    if due is None:
+        return None
+    scheduled = due.timestamp()
+    return None if await store.call(lambda db: _made(db, scheduled)) else scheduled
+
+
+async def scheduled_report(
+    store: Store,
+    scheduled: float,
+    period: float,
+    formats: Sequence[str],
+    out_dir: Path,
+    baseline: Baseline | None,
+) -> tuple[Report, list[Path]] | None:
+    """Make the report scheduled for ``scheduled`` (covering the ``period`` before it) unless it
+    was made already; its files, or None when it had been made."""
+    if await store.call(lambda db: _made(db, scheduled)):
+        return None
+    start = scheduled - period
+    report, paths = await make(store, start, scheduled, formats, out_dir, baseline)
+    if not await store.call(lambda db: _record(db, scheduled, start, scheduled, paths)):
+        return None
+    log.info(
+        "weekly report of %s written: %s",
+        datetime.fromtimestamp(scheduled, UTC).date(),
+        ", ".join(map(str, paths)),
+    )
+    return report, paths

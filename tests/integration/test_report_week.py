@@ -1,0 +1,360 @@
+"""A week (and the week before it) played minute by minute through the real scrape source, history,
+engine, dispatcher, feature flag and store, on a simulated clock; then the report's JSON is checked
+number by number against figures the test computes from the timeline's own ground truth.
+
+Scenarios: on Tuesday 14:00-15:30 server A's draft collapses (per-token acceptance 0.25), the
+playbook-style rule fires after three low evaluations and the fallback flag is engaged, then
+restored ten minutes after the rule resolves; on Thursday 13:00-17:00 server B runs with its KV
+cache full (0.97), preempting and slower; B's draft degrades through the week.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.loading import load
+from daemon.runtime import Daemon
+from tests import week
+from tests.week import Conditions, Server, Timeline
+
+DAY = 86400.0
+MONDAY = datetime(2026, 11, 30, tzinfo=UTC).timestamp()  # the report's week: Nov 30 - Dec 7
+BEFORE = MONDAY - 7 * DAY
+COLLAPSE = (MONDAY + DAY + 14 * 3600, MONDAY + DAY + 15.5 * 3600)  # Tuesday afternoon
+PRESSURE = (MONDAY + 3 * DAY + 13 * 3600, MONDAY + 3 * DAY + 17 * 3600)  # Thursday afternoon
+QUIET = 600.0
+C_A, C_B = 0.1, 0.05  # A's draft cost is given; B's is the default for an EAGLE head
+
+CONFIG = """
+state_dir: state
+baseline: baseline.json
+interval: 60s
+sources:
+  scrape:
+    targets:
+      - {url: "http://127.0.0.1:9/a/metrics", name: "vllm-a:8000"}
+      - {url: "http://127.0.0.1:9/b/metrics", name: "vllm-b:8000"}
+rules: [rules.yaml]
+report: {schedule: null}
+actions:
+  fallback:
+    type: feature_flag
+    file: {path: flag.json, engage: {speculative: false}, restore: {speculative: true}}
+    quiet_period: 10m
+"""
+RULES = """
+rules:
+  - name: acceptance_collapse
+    signal: acceptance_rate
+    window: 60s
+    interval: 60s
+    consecutive: 3
+    condition: "< 0.4"
+    no_data: keep
+    severity: critical
+    actions: [fallback]
+  - name: kv_pressure
+    signal: kv_cache_usage
+    window: 60s
+    interval: 60s
+    condition: "> 0.95"
+    for: 5m
+    severity: warning
+    actions: [log]
+"""
+BASELINE = {
+    "version": 2,
+    "measured_at": "2026-11-20T10:00:00Z",
+    "method": "specguard bench",
+    "entries": [
+        {"model": "model-a", "signals": {"e2e_latency_p95": 3.0, "ttft_p95": 0.15, "itl_p50": 0.03},
+         "speculative": {"draft_cost": C_A}},
+        {"model": "model-b", "signals": {"e2e_latency_p95": 3.0, "itl_p95": 0.1},
+         "speculative": {"method": "eagle3"}},
+    ],
+}  # fmt: skip
+
+
+def _hour(t: float) -> int:
+    return int(t % DAY // 3600)
+
+
+def server_a(t: float) -> Conditions:
+    busy = 9 <= _hour(t) < 18
+    alpha = 0.80
+    if COLLAPSE[0] <= t < COLLAPSE[1]:
+        alpha = 0.25
+    return Conditions(alpha=alpha, load=1.0 if busy else 0.5, kv=0.55 if busy else 0.3)
+
+
+def server_b(t: float) -> Conditions:
+    busy = 9 <= _hour(t) < 18
+    day = int((t - MONDAY) // DAY)
+    alpha = 0.78 if t < MONDAY else 0.76 - 0.02 * day  # a draft losing ground day by day
+    if PRESSURE[0] <= t < PRESSURE[1]:
+        return Conditions(alpha=alpha, load=1.2, kv=0.97, preemptions=3, slowdown=1.6)
+    return Conditions(alpha=alpha, load=1.0 if busy else 0.6, kv=0.6 if busy else 0.35)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both weeks played once (about a minute on a small machine); the tests read the result."""
+    import asyncio
+
+    tmp = tmp_path_factory.mktemp("week")
+    # The store on a memory file system when there is one: 10,080 rounds' synced commits cost
+    # seconds of fsync on a disk, and the test is about arithmetic, not durability.
+    shm = Path("/dev/shm")
+    state = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() else tmp / "state"
+    (tmp / "specguard.yaml").write_text(CONFIG.replace("state_dir: state", f"state_dir: {state}"))
+    (tmp / "rules.yaml").write_text(RULES)
+    (tmp / "baseline.json").write_text(json.dumps(BASELINE))
+    mp = pytest.MonkeyPatch()
+    clock = Clock(BEFORE)
+    mp.setattr(time, "time", clock)  # every time.time() of the daemon's code reads the simulated clock
+    try:
+        return asyncio.run(_play(tmp, clock))
+    finally:
+        mp.undo()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def _play(tmp: Path, clock: Clock) -> dict[str, Any]:
+    from report import weekly
+
+    loaded = load(tmp / "specguard.yaml")
+    assert loaded.ok, loaded.problems
+    daemon = Daemon(loaded, tmp / "specguard.yaml")
+    await daemon.store.open()
+    a = Server("vllm-a:8000", "model-a", 5, server_a)
+    b = Server("vllm-b:8000", "model-b", 3, server_b)
+    urls = {a.instance: "http://127.0.0.1:9/a/metrics", b.instance: "http://127.0.0.1:9/b/metrics"}
+    timeline = Timeline([a, b])
+    flag_changes: list[tuple[float, bool]] = []
+    scrapes: list[float] = []
+    minute = BEFORE
+    while minute < MONDAY + 7 * DAY:
+        clock.now = minute + 30  # the scrape in the middle of the minute
+        for server in (a, b):
+            timeline.advance(server, minute)
+            daemon.source.ingest(urls[server.instance], timeline.exposition(server), clock.now)
+        scrapes.append(clock.now)
+        await daemon._record_history(daemon.source)
+        if minute >= MONDAY:
+            await daemon.evaluate_round()
+            await daemon.dispatcher.run()  # restores whose quiet period is over
+            flag = tmp / "flag.json"
+            if flag.exists():
+                speculative = json.loads(flag.read_text())["speculative"]
+                if not flag_changes or flag_changes[-1][1] != speculative:
+                    flag_changes.append((clock.now, speculative))
+        minute += 60
+    clock.now = MONDAY + 7 * DAY + 3600
+    report, paths = await weekly.make(
+        daemon.store, MONDAY, MONDAY + 7 * DAY, ["json"], tmp / "out", loaded.baseline
+    )
+    size = await daemon.store.call(lambda db: __import__("daemon.history").history.size(db))
+    await daemon.store.close()
+    return {
+        "report": report,
+        "paths": paths,
+        "a": a,
+        "b": b,
+        "flag": flag_changes,
+        "scrapes": scrapes,
+        "size": size,
+    }
+
+
+def _in(minutes: list[week.Minute], start: float, end: float) -> list[week.Minute]:
+    return [m for m in minutes if start <= m.at < end]
+
+
+def _expected(minutes: list[week.Minute], k: int, cost: float) -> dict[str, Any]:
+    """The headline figures of a window, from the ground truth alone."""
+    drafts = sum(m.drafts for m in minutes)
+    accepted = sum(m.accepted for m in minutes)
+    seconds = 60.0 * len(minutes)
+    mal = 1 + accepted / drafts
+    out: dict[str, Any] = {
+        "acceptance_rate": accepted / sum(m.draft_tokens for m in minutes),
+        "mean_acceptance_length": mal,
+        "estimated_speedup": mal / (1 + k * cost),
+        "generation_throughput": sum(m.generation_tokens for m in minutes) / seconds,
+        "request_rate": sum(m.requests for m in minutes) / seconds,
+        "kv_cache_usage_mean": sum(m.kv for m in minutes) / len(minutes),
+        "kv_cache_usage_max": max(m.kv for m in minutes),
+        "preemptions": float(sum(m.preemptions for m in minutes)),
+        "drafts": float(drafts),
+    }
+    for name, part, q in (
+        ("ttft_p50", "ttft", 0.5), ("ttft_p95", "ttft", 0.95), ("itl_p50", "itl", 0.5),
+        ("itl_p95", "itl", 0.95), ("e2e_latency_p50", "e2e", 0.5), ("e2e_latency_p95", "e2e", 0.95),
+    ):  # fmt: skip
+        out[name] = week.quantile(q, week.histogram(minutes, part))
+    return out
+
+
+def _series(report: dict[str, Any], instance: str) -> dict[str, Any]:
+    (found,) = [s for s in report["series"] if s["instance"] == instance]
+    return found
+
+
+def _counted(server: Server, start: float, end: float) -> list[week.Minute]:
+    """The minutes history can know: every one but the very first (no scrape before it to count
+    from), though its gauges were read."""
+    return _in(server.truth[1:], start, end)
+
+
+@pytest.mark.parametrize(("name", "cost"), [("a", C_A), ("b", C_B)])
+def test_every_headline_figure_equals_the_ground_truth(
+    played: dict[str, Any], name: str, cost: float
+) -> None:
+    server: Server = played[name]
+    series = _series(played["report"], server.instance)
+    now = _expected(_in(server.truth, MONDAY, MONDAY + 7 * DAY), server.k, cost)
+    before = _expected(_counted(server, BEFORE, MONDAY), server.k, cost)
+    # The first minute's gauges count (its scrape was read) though its counters do not.
+    first = server.truth[0]
+    before_gauges = [m.kv for m in _in(server.truth, BEFORE, MONDAY)]
+    before["kv_cache_usage_mean"] = sum(before_gauges) / len(before_gauges)
+    before["kv_cache_usage_max"] = max(before_gauges)
+    minutes_before = len(_in(server.truth, BEFORE, MONDAY))
+    for rate in ("generation_throughput", "request_rate"):
+        before[rate] *= (minutes_before - 1) / minutes_before
+    assert first.at == BEFORE
+    assert series["k"] == server.k
+    assert series["draft_cost"] == cost
+    for figure, value in now.items():
+        got = series["headline"][figure]
+        assert got["value"] == pytest.approx(value, rel=1e-9), figure
+        assert got["previous"] == pytest.approx(before[figure], rel=1e-9), figure
+        if before[figure]:
+            assert got["change"] == pytest.approx((value - before[figure]) / abs(before[figure]), rel=1e-9)
+        else:  # no change can be told from nothing (no preemptions the week before)
+            assert got["change"] is None, figure
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_per_position_by_day_and_by_hour_equal_the_ground_truth(played: dict[str, Any], name: str) -> None:
+    server: Server = played[name]
+    series = _series(played["report"], server.instance)
+    minutes = _in(server.truth, MONDAY, MONDAY + 7 * DAY)
+    drafts = sum(m.drafts for m in minutes)
+    assert series["per_position"] == pytest.approx(
+        [sum(m.positions[i] for m in minutes) / drafts for i in range(server.k)], rel=1e-12
+    )
+    for day in range(7):
+        those = _in(minutes, MONDAY + day * DAY, MONDAY + (day + 1) * DAY)
+        entry = series["by_day"][day]
+        assert entry["day"] == datetime.fromtimestamp(MONDAY + day * DAY, UTC).strftime("%Y-%m-%d")
+        assert entry["acceptance_rate"] == pytest.approx(
+            sum(m.accepted for m in those) / sum(m.draft_tokens for m in those), rel=1e-12
+        )
+        assert entry["drafts"] == sum(m.drafts for m in those)
+    for entry in series["by_hour_of_day"]:
+        those = [m for m in minutes if _hour(m.at) == entry["hour"]]
+        assert entry["mean_acceptance_length"] == pytest.approx(
+            1 + sum(m.accepted for m in those) / sum(m.drafts for m in those), rel=1e-12
+        )
+    assert [e["hour"] for e in series["by_hour_of_day"]] == list(range(24))
+    assert len(series["hourly"]) == 7 * 24
+
+
+def test_latency_is_set_against_the_baseline(played: dict[str, Any]) -> None:
+    a = _series(played["report"], "vllm-a:8000")
+    latency = {row["signal"]: row for row in a["latency"]}
+    expected = _expected(_in(played["a"].truth, MONDAY, MONDAY + 7 * DAY), 5, C_A)
+    assert latency["e2e_latency_p95"]["baseline"] == 3.0
+    assert latency["e2e_latency_p95"]["ratio"] == pytest.approx(expected["e2e_latency_p95"] / 3.0, rel=1e-9)
+    assert latency["ttft_p50"]["baseline"] is None and latency["ttft_p50"]["ratio"] is None
+
+
+def _low_runs(server: Server, threshold: float, below: bool, value: Any) -> list[tuple[float, float]]:
+    """(breach start, first good) of each run of breaching evaluations, from the truth alone."""
+    runs, start = [], None
+    for m in _in(server.truth, MONDAY, MONDAY + 7 * DAY):
+        v = value(m)
+        breach = v < threshold if below else v > threshold
+        if breach and start is None:
+            start = m.at + 30
+        elif not breach and start is not None:
+            runs.append((start, m.at + 30))
+            start = None
+    return runs
+
+
+def test_the_collapse_fired_once_acted_in_two_evaluations_and_the_fallback_time_is_exact(
+    played: dict[str, Any],
+) -> None:
+    report = played["report"]
+    runs = _low_runs(played["a"], 0.4, True, lambda m: m.accepted / m.draft_tokens)
+    assert len(runs) == 1
+    began, good = runs[0]
+    fired = began + 2 * 60  # three evaluations in a row: the third fires
+    (rule,) = [r for r in report["rules"] if r["rule"] == "acceptance_collapse"]
+    assert rule["fired"] == 1 and rule["resolved"] == 1
+    (firing,) = rule["firings"]
+    assert firing["at"] == _iso(fired) and firing["since"] == _iso(began)
+    assert firing["resolved_at"] == _iso(good)
+    assert firing["time_to_act"] == pytest.approx(fired - began)
+    # The flag file, as the test saw it change, against the report's span.
+    engaged, restored = played["flag"][0][0], played["flag"][1][0]
+    assert played["flag"][0][1] is False and played["flag"][1][1] is True
+    assert engaged == fired and restored == good + QUIET
+    fallbacks = report["fallbacks"]
+    assert fallbacks["count"] == 1
+    assert fallbacks["seconds"] == pytest.approx(restored - engaged)
+    assert fallbacks["spans"][0]["engaged"] == _iso(engaged)
+
+
+def test_the_kv_pressure_afternoon_fired_after_five_minutes(played: dict[str, Any]) -> None:
+    # The signal is the gauge's average over the 60 s window: this scrape's and the one before.
+    minutes = _in(played["b"].truth, MONDAY, MONDAY + 7 * DAY)
+    high = [m.at + 30 for before, m in itertools.pairwise(minutes) if (before.kv + m.kv) / 2 > 0.95]
+    began, ended = high[0], high[-1]
+    assert ended - began == 60 * (len(high) - 1)  # one afternoon, no gap
+    (rule,) = [r for r in played["report"]["rules"] if r["rule"] == "kv_pressure"]
+    (firing,) = rule["firings"]
+    assert firing["since"] == _iso(began)
+    assert firing["at"] == _iso(began + 300)  # `for: 5m`
+    assert firing["resolved_at"] == _iso(ended + 60)
+    assert firing["time_to_act"] == pytest.approx(300.0)
+    b = _series(played["report"], "vllm-b:8000")
+    assert b["headline"]["kv_cache_usage_max"]["value"] == 0.97
+    assert b["headline"]["preemptions"]["value"] == 3 * 240
+
+
+def test_the_recommendations_see_the_degrading_draft_and_the_collapse_hours(played: dict[str, Any]) -> None:
+    kinds = {(r["kind"], r["instance"]) for r in played["report"]["recommendations"]}
+    assert ("draft_degrading", "vllm-b:8000") in kinds
+    assert ("draft_degrading", "vllm-a:8000") not in kinds
+    assert ("num_speculative_tokens", "vllm-a:8000") in kinds
+
+
+def test_the_json_file_is_the_report_and_history_stays_small(played: dict[str, Any]) -> None:
+    (path,) = played["paths"]
+    assert json.loads(path.read_text()) == json.loads(json.dumps(played["report"]))
+    # Two servers, two weeks: 40,320 minutes of history.
+    assert played["size"] < 2 * 14 * 1440 * 400
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
