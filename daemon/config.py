@@ -10,7 +10,15 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from common.schedule import cron
 from daemon.sources.scrape import DEFAULT_MAX_PAGE_BYTES, duplicate_instances, instance_label
@@ -200,18 +208,32 @@ class HistoryConfig(_Strict):
 class ReportConfig(_Strict):
     """The weekly report the daemon makes on its own (``specguard report`` makes one any time)."""
 
+    timezone: str = "UTC"  # of the schedule
     schedule: str | None = "0 8 * * mon"  # crontab (minute hour day month weekday); null: none
-    timezone: str = "UTC"
     period: Duration = Field(7 * DAY, ge=3600.0)
-    formats: tuple[Literal["html", "md", "json"], ...] = Field(("html", "json"), min_length=1)
+    formats: tuple[Literal["html", "md", "json"], ...] = ("html", "json")
     out_dir: Path | None = None  # default: <state_dir>/reports
     slack: str | None = None  # a `slack` action (with a bot token) to post the summary and charts
 
-    @model_validator(mode="after")
-    def _schedule(self) -> ReportConfig:
-        if self.schedule is not None:
-            cron(self.schedule, self.timezone)  # raises ValueError with the reason
-        return self
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        cron("0 0 * * *", value)  # raises ValueError naming the zone
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            cron(value, info.data.get("timezone", "UTC"))  # raises ValueError with the reason
+        return value
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("give at least one of html, md, json")
+        return value
 
 
 # Keys that moved, and where to: a config that still has them gets this as its error.

@@ -1,0 +1,122 @@
+"""History's per-minute rollups: what a scrape adds, and that nothing is counted twice or lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon import history
+from daemon.exposition import parse_exposition
+from daemon.store import Store
+
+T0 = 1_764_000_000.0 - 1_764_000_000.0 % 60  # a minute's start
+
+
+def page(
+    drafts: float, accepted: float, pos: tuple[float, ...], kv: tuple[float, ...] = (0.5,), **more: float
+) -> str:
+    lines = [
+        f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}',
+        f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {drafts * len(pos)}',
+        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}',
+    ]
+    lines += [
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
+        for i, v in enumerate(pos)
+    ]
+    lines += [f'vllm:kv_cache_usage_perc{{engine="{e}",model_name="m"}} {v}' for e, v in enumerate(kv)]
+    lines += [f'vllm:num_requests_running{{engine="{e}",model_name="m"}} 2' for e in range(len(kv))]
+    for reason, value in more.items():
+        lines.append(
+            f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name="m"}} {value}'
+        )
+    return "\n".join(lines) + "\n"
+
+
+async def _rows(store: Store, start: float = 0, end: float = 2e10) -> list[history.Minute]:
+    return (await store.call(lambda db: history.read(db, start, end))).get(("a:8000", "m"), [])
+
+
+async def _record(store: Store, *scrapes: tuple[float, str]) -> None:
+    parsed = [("a:8000", at, parse_exposition(text)) for at, text in scrapes]
+    await store.call(lambda db: history.record(db, parsed))
+
+
+async def test_a_scrape_adds_its_increase_to_its_minute_per_position_and_per_finish_reason_summed(
+    store: Store,
+) -> None:
+    await _record(
+        store,
+        (T0 + 10, page(100, 150, (80, 50, 20), stop=10, length=2)),
+        (T0 + 70, page(160, 240, (128, 80, 32), stop=15, length=3)),
+    )
+    first, second = await _rows(store)
+    assert first.minute == T0 and "drafts" not in first.parts  # nothing to count from yet
+    assert second.minute == T0 + 60
+    assert second.parts["drafts"] == 60 and second.parts["accepted"] == 90
+    assert [second.parts[f"pos:{i}"] for i in range(3)] == [48, 30, 12]
+    assert second.parts["requests"] == 6  # 5 stopped + 1 at the length limit
+
+
+async def test_a_counter_that_went_down_restarted_from_zero_and_counts_whole(store: Store) -> None:
+    await _record(store, (T0 + 10, page(1000, 1500, (800,))), (T0 + 20, page(40, 30, (30,))))
+    (row,) = await _rows(store)
+    assert row.parts["drafts"] == 40 and row.parts["accepted"] == 30
+
+
+async def test_the_reference_survives_a_restart_and_a_repeated_scrape_is_not_counted_again(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "specguard.db"
+    first = Store(path)
+    await first.open()
+    await _record(first, (T0 + 10, page(100, 150, (80,))))
+    await first.close()
+    again = Store(path)  # a new daemon
+    await again.open()
+    await _record(again, (T0 + 70, page(130, 170, (95,))))
+    await _record(again, (T0 + 70, page(130, 170, (95,))))  # the same scrape handed in twice
+    rows = await _rows(again)
+    await again.close()
+    assert rows[-1].parts["drafts"] == 30 and rows[-1].parts["accepted"] == 20
+
+
+async def test_gauges_add_sum_count_and_keep_the_fullest_engine(store: Store) -> None:
+    await _record(
+        store,
+        (T0 + 10, page(1, 1, (1,), kv=(0.2, 0.9))),
+        (T0 + 25, page(1, 1, (1,), kv=(0.4, 0.3))),
+    )
+    (row,) = await _rows(store)
+    assert row.parts["kv:sum"] == pytest.approx(0.9 + 0.4) and row.parts["kv:n"] == 2
+    assert row.parts["max:kv"] == 0.9
+    assert row.parts["running:sum"] == 8  # two engines of two requests, at two scrapes
+
+
+async def test_the_old_kv_metric_name_is_the_same_component() -> None:
+    old = parse_exposition('vllm:gpu_cache_usage_perc{model_name="m"} 0.7\n')
+    assert history.gauges(old)["m"]["max:kv"] == 0.7
+
+
+async def test_a_window_reads_whole_minutes_from_its_start_up_to_its_end(store: Store) -> None:
+    await _record(store, *[(T0 + 60 * i + 5, page(10 * i, 5 * i, (5 * i,))) for i in range(5)])
+    rows = await _rows(store, T0 + 60, T0 + 180)
+    assert [r.minute for r in rows] == [T0 + 60, T0 + 120]
+
+
+async def test_prune_drops_minutes_past_retention_then_the_oldest_beyond_the_size_bound(store: Store) -> None:
+    await _record(store, *[(T0 + 60 * i + 5, page(10 * i, 5 * i, (5 * i,))) for i in range(100)])
+    assert await store.call(lambda db: history.prune(db, T0 + 60 * 10, 10**9)) == 10
+    assert (await _rows(store))[0].minute == T0 + 600
+    size = await store.call(history.size)
+    await store.call(lambda db: history.prune(db, 0, size // 2))
+    left = await _rows(store)
+    assert await store.call(history.size) <= size // 2
+    assert left[-1].minute == T0 + 60 * 99  # the newest stay
+    assert len(left) < 90
+
+
+def test_merge_adds_counts_and_keeps_the_larger_maximum() -> None:
+    merged = history.merge({"drafts": 2.0, "max:kv": 0.5}, {"drafts": 3.0, "max:kv": 0.4, "accepted": 1.0})
+    assert merged == {"drafts": 5.0, "max:kv": 0.5, "accepted": 1.0}
