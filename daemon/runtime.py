@@ -369,7 +369,9 @@ class Daemon:
             # scrape after the restart then counts (it is compared with the last one stored).
             await self.store.call(lambda db: history.record(db, scrapes), synced=False)
         except StoreError as exc:
-            log.warning("history not recorded: %s", exc)
+            # The store's trouble (a full disk), said once with the evaluations'; the scrapes not
+            # recorded are counted by the next one that is (it compares with the last one stored).
+            self._store_failed(str(exc))
 
     async def _scrape_history(self) -> None:
         await self.history_source.refresh()
@@ -381,7 +383,7 @@ class Daemon:
         try:
             await self.store.call(lambda db: history.prune(db, before, config.max_size), synced=False)
         except StoreError as exc:
-            log.warning("history not pruned: %s", exc)
+            self._store_failed(str(exc))
 
     async def _weekly_report(self, scheduled: float | None = None) -> None:
         """The report of the period before ``scheduled`` (the schedule's time now, by default);

@@ -168,7 +168,11 @@ def _acceptance_week(series: dict[str, Any]) -> tuple[bytes, str] | None:
     days = range(0, int(hours[-1] // 24) + 1)
     figure = _figure()
     axes = figure.add_subplot()
-    axes.plot(hours, [rate for _, rate, _ in points], color=_ACCEPTANCE, linewidth=1.2)
+    # A marker as well when the points are few: one hour alone is no line at all.
+    marker = "o" if len(points) <= 24 else None
+    axes.plot(
+        hours, [rate for _, rate, _ in points], color=_ACCEPTANCE, linewidth=1.2, marker=marker, markersize=4
+    )
     axes.set_ylabel("acceptance rate (%)", color=_ACCEPTANCE, fontsize=9)
     axes.set_ylim(0, 100)
     axes.set_xlim(0, max(hours[-1] + 1, 24))

@@ -212,15 +212,18 @@ def write_charts(report: Report, drawn: list[charts.Chart], out_dir: Path) -> li
 
 
 def filename_stem(report: Report) -> str:
-    """``report-<from>-<to>``, the UTC dates (YYYY-MM-DD) of the report's period."""
+    """``report-<from>-<to>``, the UTC dates (YYYY-MM-DD) of the report's period, with the time
+    (THHMM) when a bound is not a midnight: two reports of one day do not overwrite each other."""
     period = report.get("period") or {}
-    dates = []
+    times = []
     for end in ("from", "to"):
         at = _time(period.get(end))
         if at is None:
             raise ValueError(f"the report's period has no valid {end!r} time: {period.get(end)!r}")
-        dates.append(at.date().isoformat())
-    return f"report-{dates[0]}-{dates[1]}"
+        times.append(at)
+    midnights = all((t.hour, t.minute, t.second) == (0, 0, 0) for t in times)
+    shown = [t.strftime("%Y-%m-%d" if midnights else "%Y-%m-%dT%H%M") for t in times]
+    return f"report-{shown[0]}-{shown[1]}"
 
 
 # The outline
@@ -236,7 +239,7 @@ def _outline(report: Report, images: set[str]) -> _Outline:
     add = outline.blocks.append
     add(
         _Paragraph(
-            f"Generated {_when(report.get('generated_at'))}. Changes are against the week "
+            f"Generated {_when(report.get('generated_at'))}. Changes are against the period "
             f"{_when(previous.get('from'))} to {_when(previous.get('to'))}."
         )
     )
@@ -249,12 +252,12 @@ def _outline(report: Report, images: set[str]) -> _Outline:
     if all_series:
         add(_summary(all_series))
     else:
-        add(_Paragraph("No series had speculative decoding data this week."))
+        add(_Paragraph("No series had speculative decoding data in this period."))
 
     add(_Heading(2, "Recommendations"))
     recommendations = [r for r in report.get("recommendations") or [] if isinstance(r, dict)]
     if not recommendations:
-        add(_Paragraph("No recommendations this week."))
+        add(_Paragraph("No recommendations for this period."))
     for recommendation in recommendations:
         add(_Heading(3, _text(recommendation.get("title"))))
         where = f"{_text(recommendation.get('model'))} on {_text(recommendation.get('instance'))}"
@@ -346,8 +349,8 @@ def _series(series: dict[str, Any], slug: str, images: set[str]) -> list[_Block]
             ]
         )
     blocks += [
-        _Heading(3, "The week against the week before"),
-        _Table(("", "This week", "Week before", "Change"), rows),
+        _Heading(3, "This period against the one before"),
+        _Table(("", "This period", "The one before", "Change"), rows),
     ]
 
     blocks.append(_Heading(3, "By day"))
@@ -404,7 +407,7 @@ def _series(series: dict[str, Any], slug: str, images: set[str]) -> list[_Block]
                     _Cell(_ratio(_latency_ratio(row))),
                 ]
             )
-        blocks.append(_Table(("Signal", "This week", "Baseline", "Ratio"), rows))
+        blocks.append(_Table(("Signal", "This period", "Baseline", "Ratio"), rows))
     else:
         blocks.append(_Paragraph("No data."))
 
@@ -428,7 +431,7 @@ def _rules(report: Report) -> list[_Block]:
     blocks: list[_Block] = [_Heading(2, "Rules fired")]
     rules = [r for r in report.get("rules") or [] if isinstance(r, dict)]
     if not rules:
-        return [*blocks, _Paragraph("No rule fired this week.")]
+        return [*blocks, _Paragraph("No rule fired in this period.")]
     rows = [
         [
             _Cell(_text(rule.get("rule"))),
@@ -471,7 +474,7 @@ def _fallbacks(report: Report) -> list[_Block]:
     seconds = _number(fallbacks.get("seconds"))
     spans = [s for s in fallbacks.get("spans") or [] if isinstance(s, dict)]
     if not count and not spans:
-        return [*blocks, _Paragraph("No fallback to standard decoding this week.")]
+        return [*blocks, _Paragraph("No fallback to standard decoding in this period.")]
     total = _duration(seconds) + (f" ({seconds:.0f} s)" if seconds is not None and seconds >= 60 else "")
     plural = "" if count == 1 else "s"
     blocks.append(
@@ -495,7 +498,7 @@ def _restarts(report: Report) -> list[_Block]:
     blocks: list[_Block] = [_Heading(2, "Restarts and rung changes")]
     restarts = [r for r in report.get("restarts") or [] if isinstance(r, dict)]
     if not restarts:
-        return [*blocks, _Paragraph("No restart this week.")]
+        return [*blocks, _Paragraph("No restart in this period.")]
     rows = []
     for restart in restarts:
         k_from, k_to = restart.get("k_from"), restart.get("k_to")
@@ -517,7 +520,7 @@ def _silences(report: Report) -> list[_Block]:
     blocks: list[_Block] = [_Heading(2, "Silences")]
     silences = [s for s in report.get("silences") or [] if isinstance(s, dict)]
     if not silences:
-        return [*blocks, _Paragraph("No silence this week.")]
+        return [*blocks, _Paragraph("No silence in this period.")]
     rows = [
         [
             _Cell(_text(silence.get("rule"))),

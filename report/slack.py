@@ -46,7 +46,7 @@ def summary(report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     ]
     generated = _text(report.get("generated_at"))
     if generated:
-        head.append(_context(f"Generated {_escape(generated)} · week-over-week against the week before"))
+        head.append(_context(f"Generated {_escape(generated)} · against the period before"))
     tail = [_section(operations), _section(_recommendations(recommendations))]
 
     room = BLOCKS_MAX - len(head) - len(tail)

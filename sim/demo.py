@@ -11,6 +11,10 @@ router sends traffic to standard decoding and latency improves, the temperature 
 the rule resolves, and after the quiet period the canary sees acceptance back, the flag is
 restored and traffic returns. The ``slack`` action tells on-call in a thread on a Slack Web API
 served on loopback; the demo prints what that server received.
+
+Once the loop has closed, the demo writes specguard's report of its minutes (HTML, and Markdown
+with its charts beside it) from the history the daemon recorded at each scrape, and prints its
+headline figures and where the files are.
 """
 
 from __future__ import annotations
@@ -33,9 +37,14 @@ from typing import Any, TextIO
 import yaml
 
 from daemon import logs
+from daemon.baseline import Baseline
+from daemon.history import MINUTE
 from daemon.loading import LoadedRule, builtin_pack, load
 from daemon.runtime import Daemon
-from daemon.store import ActionRun, EventRecord
+from daemon.sources.scrape import instance_label
+from daemon.store import ActionRun, EventRecord, StoreError, opened
+from report import weekly
+from report.model import Report
 from rules.durations import format_duration, parse_duration
 from rules.signals import get_signal
 from sim.options import SimOptions, SpeculativeConfig
@@ -55,6 +64,8 @@ FLAG_FILE = "flag.json"
 # healthy speculation is about twice as fast as standard decoding and collapsed speculation about a
 # third slower, so the fallback shows in the latency clients see.
 DRAFT_COST = 0.15
+REPORTS = "reports"  # in the state directory, as the daemon's own reports
+REPORT_FORMATS = ("html", "md")
 
 
 @dataclass(frozen=True)
@@ -337,11 +348,17 @@ def _prepare(directory: Path) -> None:
 
 async def run_demo(directory: Path, out: TextIO, color: bool, timeline: Timeline | None = None) -> int:
     timeline = timeline or Timeline()
+    began = time.time()  # the report covers the demo from the start of this minute
     _prepare(directory)
-    t = Terminal(out, color)
-    run = DemoRun(t, directory, timeline)
-    log_file = (directory / "specguard.log").open("a", encoding="utf-8")
-    logs.setup("json", "info", stream=log_file)
+    run = DemoRun(Terminal(out, color), directory, timeline)
+    # The daemon's log, open until the report is written (matplotlib logs through it too).
+    with (directory / "specguard.log").open("a", encoding="utf-8") as log_file:
+        logs.setup("json", "info", stream=log_file)
+        return await _run(run, began)
+
+
+async def _run(run: DemoRun, began: float) -> int:
+    t, directory, timeline = run.terminal, run.directory, run.timeline
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, run.stop.set)
@@ -360,6 +377,7 @@ async def run_demo(directory: Path, out: TextIO, color: bool, timeline: Timeline
     )
     standard = await start_simulator(SimOptions(model=MODEL, port=0, step_time=0.03, seed=8))
     interrupted = closed = False
+    baseline: Baseline | None = None
     tasks: list[asyncio.Task[Any]] = []
     try:
         async with running() as slack:
@@ -394,18 +412,24 @@ async def run_demo(directory: Path, out: TextIO, color: bool, timeline: Timeline
                         await task
                 await traffic.stop()
                 summary = daemon.rule_rows()
+                baseline = daemon.loaded.baseline  # the measured one, after the reload
                 await daemon.shutdown()
             thread = [dict(m) for m in slack.posted()]
     finally:
         await spec.stop()
         await standard.stop()
-        log_file.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     _summary(t, run, summary, traffic, spec.url, thread, interrupted, closed)
     if interrupted:
         return 130
-    return 0 if closed else 1
+    if not closed:
+        return 1
+    # The daemon has stopped and closed its store: the report opens it again. History is kept by
+    # whole minutes, each under its start, so the period begins at the start of the first one.
+    period = (began // MINUTE * MINUTE, time.time())
+    written = await report_section(t, daemon.store.path, period, baseline, instance_label(spec.url))
+    return 0 if written else 1
 
 
 async def _script(
@@ -580,6 +604,87 @@ def _summary(
     t.line(f"  config    {directory / 'specguard.yaml'}, rules.yaml, baseline.json", stamp=False)
     t.line(f"  try       specguard history --config {directory / 'specguard.yaml'}", stamp=False)
     t.line(f"            specguard check --config {directory / 'specguard.yaml'}", stamp=False)
+
+
+async def write_report(
+    store_path: Path, period: tuple[float, float], baseline: Baseline | None, out_dir: Path
+) -> tuple[Report, list[Path]]:
+    """The report of ``period`` from the store at ``store_path``: HTML (one file) and Markdown
+    (its charts beside it) in ``out_dir``; the report and the files written."""
+    async with opened(store_path) as store:
+        return await weekly.make(store, *period, REPORT_FORMATS, out_dir, baseline)
+
+
+async def report_section(
+    t: Terminal, store_path: Path, period: tuple[float, float], baseline: Baseline | None, instance: str
+) -> bool:
+    """Write the report of the demo's minutes into the state directory and print its headline
+    figures, then its files; False when it could not be written."""
+    out_dir = store_path.parent / REPORTS
+    t.line(stamp=False)
+    t.line(f"report of the demo, {_clock(period[0])} to {_clock(period[1])} UTC, from the history "
+           "specguard recorded at each scrape", "bold", stamp=False)  # fmt: skip
+    try:
+        report, paths = await write_report(store_path, period, baseline, out_dir)
+    except (StoreError, OSError, ValueError) as exc:
+        t.line(f"  the report could not be written into {out_dir}: {exc}", "red", stamp=False)
+        return False
+    for text, styles in report_lines(report, paths, instance, weekly.charts_missing()):
+        t.line(text, *styles, stamp=False)
+    return True
+
+
+def report_lines(
+    report: Report, paths: Sequence[Path], instance: str, charts_missing: str | None
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The report's headline figures for the speculative server (``instance``), what the fallback
+    and the rules did, and the files, last; each line with its styles."""
+    lines: list[tuple[str, tuple[str, ...]]] = []
+    series = next(
+        (s for s in report.get("series") or [] if s.get("instance") == instance and s.get("model") == MODEL),
+        None,
+    )
+    if series is None:
+        lines.append((f"  server    {MODEL} on {instance}: no history was recorded for it", ("red",)))
+    else:
+        headline = series.get("headline") or {}
+        figures = {name: (headline.get(name) or {}).get("value") for name in headline}
+        drafts, minutes, k = figures.get("drafts") or 0, series.get("minutes") or 0, series.get("k")
+        rate, length = figures.get("acceptance_rate"), figures.get("mean_acceptance_length")
+        rate_text = "-" if rate is None else f"{rate * 100:.1f} %"
+        length_text = "-" if length is None else f"{length:.2f}"
+        lines.append(
+            (f"  server    {MODEL} on {instance}, k = {k or '-'}: {drafts:,.0f} drafts in "
+             f"{minutes} minute{'' if minutes == 1 else 's'} of history", ())
+        )  # fmt: skip
+        lines.append(
+            (f"  accepted  {rate_text} of draft tokens, mean acceptance length {length_text} "
+             "(healthy and collapsed together)", ())
+        )  # fmt: skip
+    fallbacks = report.get("fallbacks") or {}
+    count, seconds = fallbacks.get("count") or 0, fallbacks.get("seconds") or 0.0
+    lines.append((f"  fallback  {count} to standard decoding, {seconds:.1f} s in fallback", ()))
+    fired = []
+    for rule in report.get("rules") or []:
+        text = f"{rule['rule']} fired {rule['fired']}, resolved {rule['resolved']}"
+        if rule.get("median_time_to_act") is not None:
+            text += f", acted {rule['median_time_to_act']:.1f} s after the breach began"
+        fired.append(text)
+    lines.append((f"  rules     {'; '.join(fired) or 'none fired'}", ()))
+    if charts_missing is not None:
+        lines.append((f"  charts    not included: {charts_missing}", ("yellow",)))
+    pngs = sum(1 for path in paths if path.suffix == ".png")
+    for path in paths:
+        if path.suffix == ".html":
+            lines.append((f"  html      {path}  (one self-contained file)", ("bold",)))
+        elif path.suffix == ".md":
+            beside = f"its {pngs} chart{'' if pngs == 1 else 's'} beside it" if pngs else "no charts"
+            lines.append((f"  markdown  {path}  ({beside})", ("bold",)))
+    return lines
+
+
+def _clock(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S")
 
 
 def main(state_dir: Path | None, color: bool | None) -> int:

@@ -1,9 +1,11 @@
 """`specguard demo` runs to completion by itself, as README command one promises, and shows the
 whole loop with the real actions: the flag file written and restored, the router following it, the
-Slack thread on the loopback Web API, history telling it afterwards."""
+Slack thread on the loopback Web API, history telling it afterwards, and the report of its minutes."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import re
 import signal
@@ -13,7 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from sim.demo import CHANNEL
+import pytest
+
+from report import charts
+from report.weekly import charts_missing
+from sim.demo import CHANNEL, Terminal, report_section
 
 MILESTONES = {
     "drop": r"traffic moves to temperature 1\.5",
@@ -89,6 +95,7 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
         notes = [
             row[0] for row in db.execute("SELECT text FROM action_notes WHERE action='oncall' ORDER BY id")
         ]
+        recorded = [row[0] for row in db.execute("SELECT instance FROM history_series")]
     assert runs == [
         ("fallback", "run", "ok"),
         ("oncall", "run", "ok"),
@@ -108,6 +115,52 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     assert re.search(r"firing -> resolved +schedule +log:ok, fallback\(restore\):ok, oncall:ok", shown), shown
     assert re.search(r"pending -> firing +schedule +log:ok, fallback:ok, oncall:ok", shown), shown
     assert re.search(rf"^ +\d\d:\d\d:\d\d oncall: notice 1 posted to {CHANNEL} \(ts ", shown, re.M), shown
+
+    # The report of the demo's minutes, from the history the daemon recorded at each scrape of the
+    # speculative server: after the loop and the summary, its headline figures, its files last.
+    banner = re.search(r"^  speculative http://(127\.0\.0\.1:\d+)  ", out, re.M)
+    assert banner, out
+    instance = banner.group(1)
+    assert recorded == [instance], recorded
+    headers = [i for i, line in enumerate(lines) if line.startswith("report of the demo, ")]
+    assert len(headers) == 1, out
+    assert max(*at.values(), edits[-1]) < lines.index("summary") < headers[0], out
+    section = lines[headers[0] + 1 :]
+    server = re.fullmatch(
+        rf"  server    tiny-llama on {re.escape(instance)}, k = 4: ([\d,]+) drafts in [12] minutes? of history",
+        section[0],
+    )
+    assert server and int(server.group(1).replace(",", "")) > 0, section
+    assert re.fullmatch(
+        r"  accepted  \d+\.\d % of draft tokens, mean acceptance length \d\.\d\d \(healthy and collapsed together\)",
+        section[1],
+    ), section
+    assert re.fullmatch(r"  fallback  1 to standard decoding, \d+\.\d s in fallback", section[2]), section
+    assert re.fullmatch(
+        r"  rules     acceptance_fallback fired 1, resolved 1, acted \d+\.\d s after the breach began",
+        section[3],
+    ), section
+    missing = charts_missing()
+    if missing is not None:
+        assert section[4] == f"  charts    not included: {missing}", section
+    html_line, md_line = section[-2:]  # the files are the demo's last lines
+    html_path = re.fullmatch(r"  html      (\S+\.html)  \(one self-contained file\)", html_line)
+    md_path = re.fullmatch(r"  markdown  (\S+\.md)  \((?:its 3 charts beside it|no charts)\)", md_line)
+    assert html_path and md_path, section
+    html, md = Path(html_path.group(1)), Path(md_path.group(1))
+    assert html.parent == md.parent == tmp_path / "reports"
+    page = html.read_text()
+    assert instance in page
+    assert "1 fallback to standard decoding, " in page
+    assert not re.search(r"""(?:src|href)=["'](?!data:)""", page), "the HTML file loads something"
+    if missing is None:
+        assert page.count('<img src="data:image/png;base64,') == 3
+    text = md.read_text()
+    drafts = re.search(r"^\| Drafts \| ([\d,]+) \|", text, re.M)
+    assert drafts and int(drafts.group(1).replace(",", "")) > 0, text
+    images = re.findall(r"^!\[[^\]]*\]\(([^)]+\.png)\)$", text, re.M)
+    assert len(images) == (3 if missing is None else 0), images
+    assert all((md.parent / image).is_file() for image in images), images
 
 
 def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
@@ -131,3 +184,28 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
     assert process.returncode == 130, f"{out}\n{err}"
     assert "interrupted: everything stopped cleanly" in out
     assert "Traceback" not in out + err
+
+
+def test_the_report_without_matplotlib_still_writes_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(charts, "available", lambda: charts.INSTALL)
+    out = io.StringIO()
+    now = time.time()
+    written = asyncio.run(
+        report_section(Terminal(out, color=False), tmp_path / "specguard.db", (now - now % 60, now), None,
+                       "127.0.0.1:8000")
+    )  # fmt: skip
+    assert written
+    lines = out.getvalue().splitlines()
+    assert f"  charts    not included: {charts.INSTALL}" in lines, lines
+    # An empty store (no history, nothing fired) reads plainly, without a division by zero.
+    assert "  server    tiny-llama on 127.0.0.1:8000: no history was recorded for it" in lines, lines
+    assert "  fallback  0 to standard decoding, 0.0 s in fallback" in lines, lines
+    assert "  rules     none fired" in lines, lines
+    html = re.fullmatch(r"  html      (\S+)  \(one self-contained file\)", lines[-2])
+    md = re.fullmatch(r"  markdown  (\S+)  \(no charts\)", lines[-1])
+    assert html and md, lines
+    assert "Charts are not included: charts need matplotlib" in Path(html.group(1)).read_text()
+    assert "Charts are not included: charts need matplotlib" in Path(md.group(1)).read_text()
+    assert not list((tmp_path / "reports").glob("*.png"))

@@ -76,7 +76,7 @@ def test_the_summary_gives_each_series_headline_with_its_change_as_an_arrow_and_
 
 
 def test_the_headline_table_shows_seconds_below_one_as_ms_and_ratios_as_percentages() -> None:
-    headline = section(render.markdown(week(), {}), "### The week against the week before")
+    headline = section(render.markdown(week(), {}), "### This period against the one before")
     assert "| TTFT p95 | 412 ms | 368 ms | ▲ +12.0 % |" in headline
     assert "| Inter-token latency p50 | 23 ms | 22 ms | ▲ +3.1 % |" in headline
     assert "| End-to-end latency p95 | 2.11 s | 1.96 s | ▲ +7.6 % |" in headline
@@ -114,7 +114,7 @@ def test_the_sections_come_in_the_report_s_order() -> None:
     ]
     series = section(text, "## llama-70b on 10.0.0.7:8000")
     assert [line for line in series.splitlines() if line.startswith("### ")] == [
-        "### The week against the week before",
+        "### This period against the one before",
         "### By day",
         "### By hour of day (UTC)",
         "### Acceptance by draft position",
@@ -148,11 +148,11 @@ def test_a_week_without_events_says_so_instead_of_showing_empty_tables() -> None
     report["recommendations"] = []
     text = render.markdown(report, {})
     for line in (
-        "No recommendations this week.",
-        "No rule fired this week.",
-        "No fallback to standard decoding this week.",
-        "No restart this week.",
-        "No silence this week.",
+        "No recommendations for this period.",
+        "No rule fired in this period.",
+        "No fallback to standard decoding in this period.",
+        "No restart in this period.",
+        "No silence in this period.",
     ):
         assert f"\n{line}\n" in text
 
