@@ -35,6 +35,8 @@ from rules import signals as catalog
 log = logging.getLogger("specguard.history")
 
 MINUTE = 60
+HOUR = 3600
+MINUTES = "minutes"  # in an hour's row: how many minute rows it sums
 
 
 # Counters: sample name -> component name (the position of the per-position counter is appended).
@@ -200,17 +202,29 @@ class Tables:
         values = json.loads(zlib.decompress(data))
         return dict(zip(self.keys(layout), (float(v) for v in values), strict=True))
 
-    def add(self, series: int, minute: int, parts: Mapping[str, float]) -> None:
-        """Add ``parts`` to the row of ``series`` and ``minute``."""
+    def _merge(self, table: str, column: str, series: int, at: int, parts: Mapping[str, float]) -> bool:
+        """Add ``parts`` to one row of ``table``; whether the row was there before."""
         row = self.db.execute(
-            "SELECT layout, data FROM history WHERE series=? AND minute=?", (series, minute)
+            f"SELECT layout, data FROM {table} WHERE series=? AND {column}=?", (series, at)
         ).fetchone()
         total = merge(self.decode(row[0], row[1]) if row else {}, parts)
         keys = tuple(sorted(total))
         data = zlib.compress(json.dumps([_number(total[k]) for k in keys], separators=(",", ":")).encode())
         self.db.execute(
-            "INSERT OR REPLACE INTO history (series, minute, layout, data) VALUES (?, ?, ?, ?)",
-            (series, minute, self.layout_id(keys), data),
+            f"INSERT OR REPLACE INTO {table} (series, {column}, layout, data) VALUES (?, ?, ?, ?)",
+            (series, at, self.layout_id(keys), data),
+        )
+        return row is not None
+
+    def add(self, series: int, minute: int, parts: Mapping[str, float]) -> None:
+        """Add ``parts`` to the row of ``series`` and ``minute``, and to its hour's."""
+        known = self._merge("history", "minute", series, minute, parts)
+        self._merge(
+            "history_hours",
+            "hour",
+            series,
+            minute - minute % HOUR,
+            parts if known else {**parts, MINUTES: 1.0},
         )
 
     def last(self, instance: str) -> tuple[float, dict[str, dict[Labels, float]]] | None:
@@ -248,53 +262,80 @@ def record(db: sqlite3.Connection, scrapes: Iterable[tuple[str, float, Snapshot]
 
 
 @dataclass(frozen=True)
-class Minute:
-    minute: int  # epoch seconds of the minute's start
+class Span:
+    """A minute, or a whole hour (the sum of its minutes), of one server and model."""
+
+    start: int  # epoch seconds
+    minutes: int  # how many minutes of history it holds
     parts: Components
 
 
-def read(db: sqlite3.Connection, start: float, end: float) -> dict[tuple[str, str], list[Minute]]:
-    """Every (instance, model)'s minutes in ``[start, end)``, oldest first."""
+def read(
+    db: sqlite3.Connection, start: float, end: float, hours: bool = True
+) -> dict[tuple[str, str], list[Span]]:
+    """Every (instance, model)'s history in ``[start, end)``, oldest first: the whole hours inside it
+    as hour rows (``hours``), the minutes at its edges as minute rows. Exactly the sum of its minutes
+    either way; a week is about 170 rows per server instead of 10,080."""
     tables = Tables(db)
     names = {
         int(r[0]): (str(r[1]), str(r[2]))
         for r in db.execute("SELECT id, instance, model FROM history_series")
     }
-    out: dict[tuple[str, str], list[Minute]] = {}
+    first, last = math.ceil(start / HOUR) * HOUR, math.floor(end / HOUR) * HOUR
+    if not hours or first >= last:
+        first = last = math.ceil(end)  # no whole hour: minutes only
+    out: dict[tuple[str, str], list[Span]] = {}
     rows = db.execute(
-        "SELECT series, minute, layout, data FROM history WHERE minute >= ? AND minute < ? ORDER BY series, minute",
-        (math.floor(start), math.ceil(end)),
+        "SELECT series, minute, 0, layout, data FROM history"
+        " WHERE (minute >= ? AND minute < ?) OR (minute >= ? AND minute < ?)"
+        " UNION ALL SELECT series, hour, 1, layout, data FROM history_hours WHERE hour >= ? AND hour < ?"
+        " ORDER BY 1, 2",
+        (math.ceil(start), first, last, math.ceil(end), first, last),
     )
-    for series, minute, layout, data in rows:
-        if minute < start:
-            continue
-        out.setdefault(names[int(series)], []).append(Minute(int(minute), tables.decode(layout, data)))
+    for series, at, whole, layout, data in rows:
+        parts = tables.decode(layout, data)
+        count = int(parts.pop(MINUTES, 0)) if whole else 1
+        out.setdefault(names[int(series)], []).append(Span(int(at), count, parts))
     return out
 
 
 def prune(db: sqlite3.Connection, before: float, max_bytes: int) -> int:
-    """Delete the minutes older than ``before``, then the oldest ones until history holds at most
-    ``max_bytes`` (its rows' sizes); the number of rows deleted."""
+    """Delete the minutes older than ``before`` (and the hours wholly older), then the oldest ones
+    until history holds at most ``max_bytes`` (its rows' sizes); the number of minutes deleted."""
     with transaction(db):
         deleted = db.execute("DELETE FROM history WHERE minute < ?", (int(before),)).rowcount
-        size, rows = db.execute("SELECT COALESCE(SUM(length(data)), 0), COUNT(*) FROM history").fetchone()
-        estimate = int(size) + ROW_OVERHEAD * int(rows)
-        if estimate > max_bytes and rows:
-            # Drop whole oldest minutes: the share of rows to lose, rounded up to a minute boundary.
-            excess = math.ceil(int(rows) * (estimate - max_bytes) / estimate)
-            cut = db.execute(
-                "SELECT minute FROM history ORDER BY minute LIMIT 1 OFFSET ?", (excess - 1,)
-            ).fetchone()
-            if cut is not None:
-                deleted += db.execute("DELETE FROM history WHERE minute <= ?", (int(cut[0]),)).rowcount
-                log.warning("history is over its %d-byte bound: minutes up to %d dropped", max_bytes, cut[0])
+        db.execute("DELETE FROM history_hours WHERE hour + ? <= ?", (HOUR, int(before)))
+        estimate, rows = _size(db)
+        cut = None
+        while estimate > max_bytes and rows:
+            # Drop the oldest whole minutes, the share of rows over the bound (hour rows go with
+            # their last minute, so a second pass may be needed).
+            excess = min(rows, math.ceil(rows * (estimate - max_bytes) / estimate) + 1)
+            cut = int(
+                db.execute(
+                    "SELECT minute FROM history ORDER BY minute LIMIT 1 OFFSET ?", (excess - 1,)
+                ).fetchone()[0]
+            )
+            deleted += db.execute("DELETE FROM history WHERE minute <= ?", (cut,)).rowcount
+            db.execute("DELETE FROM history_hours WHERE hour + ? <= ?", (HOUR, cut + MINUTE))
+            estimate, rows = _size(db)
+        if cut is not None:
+            log.warning("history is over its %d-byte bound: minutes up to %d dropped", max_bytes, cut)
     return int(deleted)
 
 
 ROW_OVERHEAD = 24  # bytes SQLite spends per row beside the data (key, layout, cell header)
 
 
+def _size(db: sqlite3.Connection) -> tuple[int, int]:
+    total, rows = 0, 0
+    for table in ("history", "history_hours"):
+        data, count = db.execute(f"SELECT COALESCE(SUM(length(data)), 0), COUNT(*) FROM {table}").fetchone()
+        total += int(data) + ROW_OVERHEAD * int(count)
+        rows += int(count) if table == "history" else 0
+    return total, rows
+
+
 def size(db: sqlite3.Connection) -> int:
     """The bytes history's rows take (data plus the per-row overhead), the figure ``prune`` bounds."""
-    total, rows = db.execute("SELECT COALESCE(SUM(length(data)), 0), COUNT(*) FROM history").fetchone()
-    return int(total) + ROW_OVERHEAD * int(rows)
+    return _size(db)[0]

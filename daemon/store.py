@@ -112,6 +112,11 @@ CREATE TABLE IF NOT EXISTS history (
     PRIMARY KEY (series, minute)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS history_minute ON history (minute);
+-- The same, summed by hour (and how many minutes each holds): what a week's report reads.
+CREATE TABLE IF NOT EXISTS history_hours (
+    series INTEGER NOT NULL, hour INTEGER NOT NULL, layout INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (series, hour)
+) WITHOUT ROWID;
 -- The last scrape of each target, the reference its next increase is counted from.
 CREATE TABLE IF NOT EXISTS history_last (instance TEXT PRIMARY KEY, at REAL NOT NULL, snapshot TEXT NOT NULL);
 -- Reports made on the schedule, one per scheduled time (never twice), and where they went.

@@ -15,7 +15,7 @@ from typing import Any
 
 from daemon import history
 from daemon.baseline import Baseline
-from daemon.history import Minute
+from daemon.history import Span
 from report import figures as fig
 from report.model import HEADLINE, LATENCY, VERSION, Report, headline
 
@@ -77,14 +77,14 @@ def _cost(baseline: Baseline | None, labels: Mapping[str, str]) -> tuple[float |
     return cost, f"baseline: {how}"
 
 
-def _grouped(minutes: Iterable[Minute], key: Callable[[int], Any]) -> dict[Any, list[Minute]]:
-    out: dict[Any, list[Minute]] = {}
-    for minute in minutes:
-        out.setdefault(key(minute.minute), []).append(minute)
+def _grouped(spans: Iterable[Span], key: Callable[[int], Any]) -> dict[Any, list[Span]]:
+    out: dict[Any, list[Span]] = {}
+    for span in spans:  # a span is a minute or a whole hour: it falls in one day and one hour
+        out.setdefault(key(span.start), []).append(span)
     return out
 
 
-def _acceptance(minutes: list[Minute], cost: float | None, k: int | None) -> dict[str, Any]:
+def _acceptance(minutes: list[Span], cost: float | None, k: int | None) -> dict[str, Any]:
     parts, count = fig.total(minutes)
     figures = fig.figures(parts, count, cost)
     # A day or hour without drafts of its own still uses the week's k (vLLM's positions are fixed).
@@ -93,7 +93,7 @@ def _acceptance(minutes: list[Minute], cost: float | None, k: int | None) -> dic
 
 
 def _series(
-    instance: str, model: str, minutes: list[Minute], before: list[Minute], baseline: Baseline | None
+    instance: str, model: str, minutes: list[Span], before: list[Span], baseline: Baseline | None
 ) -> dict[str, Any]:
     labels = {"instance": instance, "model_name": model}
     cost, cost_source = _cost(baseline, labels)

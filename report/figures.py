@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from daemon.history import MINUTE, Components, Minute, merge
+from daemon.history import MINUTE, Components, Span, merge
 from daemon.sources.scrape import bucket_quantile
 
 QUANTILES: dict[str, tuple[str, float]] = {
@@ -26,13 +26,13 @@ QUANTILES: dict[str, tuple[str, float]] = {
 }
 
 
-def total(minutes: Iterable[Minute]) -> tuple[Components, int]:
-    """The sum of ``minutes`` and how many there were."""
+def total(spans: Iterable[Span]) -> tuple[Components, int]:
+    """The sum of ``spans`` and how many minutes they hold."""
     parts: Components = {}
     count = 0
-    for minute in minutes:
-        merge(parts, minute.parts)
-        count += 1
+    for span in spans:
+        merge(parts, span.parts)
+        count += span.minutes
     return parts, count
 
 

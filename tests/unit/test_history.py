@@ -34,8 +34,8 @@ def page(
     return "\n".join(lines) + "\n"
 
 
-async def _rows(store: Store, start: float = 0, end: float = 2e10) -> list[history.Minute]:
-    return (await store.call(lambda db: history.read(db, start, end))).get(("a:8000", "m"), [])
+async def _rows(store: Store, start: float = 0, end: float = 2e10, hours: bool = False) -> list[history.Span]:
+    return (await store.call(lambda db: history.read(db, start, end, hours))).get(("a:8000", "m"), [])
 
 
 async def _record(store: Store, *scrapes: tuple[float, str]) -> None:
@@ -52,8 +52,8 @@ async def test_a_scrape_adds_its_increase_to_its_minute_per_position_and_per_fin
         (T0 + 70, page(160, 240, (128, 80, 32), stop=15, length=3)),
     )
     first, second = await _rows(store)
-    assert first.minute == T0 and "drafts" not in first.parts  # nothing to count from yet
-    assert second.minute == T0 + 60
+    assert first.start == T0 and "drafts" not in first.parts  # nothing to count from yet
+    assert second.start == T0 + 60
     assert second.parts["drafts"] == 60 and second.parts["accepted"] == 90
     assert [second.parts[f"pos:{i}"] for i in range(3)] == [48, 30, 12]
     assert second.parts["requests"] == 6  # 5 stopped + 1 at the length limit
@@ -102,21 +102,41 @@ async def test_the_old_kv_metric_name_is_the_same_component() -> None:
 async def test_a_window_reads_whole_minutes_from_its_start_up_to_its_end(store: Store) -> None:
     await _record(store, *[(T0 + 60 * i + 5, page(10 * i, 5 * i, (5 * i,))) for i in range(5)])
     rows = await _rows(store, T0 + 60, T0 + 180)
-    assert [r.minute for r in rows] == [T0 + 60, T0 + 120]
+    assert [r.start for r in rows] == [T0 + 60, T0 + 120]
 
 
 async def test_prune_drops_minutes_past_retention_then_the_oldest_beyond_the_size_bound(store: Store) -> None:
     await _record(store, *[(T0 + 60 * i + 5, page(10 * i, 5 * i, (5 * i,))) for i in range(100)])
     assert await store.call(lambda db: history.prune(db, T0 + 60 * 10, 10**9)) == 10
-    assert (await _rows(store))[0].minute == T0 + 600
+    assert (await _rows(store))[0].start == T0 + 600
     size = await store.call(history.size)
     await store.call(lambda db: history.prune(db, 0, size // 2))
     left = await _rows(store)
     assert await store.call(history.size) <= size // 2
-    assert left[-1].minute == T0 + 60 * 99  # the newest stay
+    assert left[-1].start == T0 + 60 * 99  # the newest stay
     assert len(left) < 90
 
 
 def test_merge_adds_counts_and_keeps_the_larger_maximum() -> None:
     merged = history.merge({"drafts": 2.0, "max:kv": 0.5}, {"drafts": 3.0, "max:kv": 0.4, "accepted": 1.0})
     assert merged == {"drafts": 5.0, "max:kv": 0.5, "accepted": 1.0}
+
+
+async def test_a_window_reads_whole_hours_from_their_sums_and_its_edges_minute_by_minute(
+    store: Store,
+) -> None:
+    scrapes = [(T0 + 60 * i + 5, page(10 * i, 7 * i, (5 * i,), kv=(0.1 * (i % 7),))) for i in range(200)]
+    await _record(store, *scrapes)
+    start, end = T0 + 30 * 60, T0 + 60 * 60 * 3 + 5 * 60  # 00:30 to 03:05: two whole hours inside
+    spans = await _rows(store, start, end, hours=True)
+    minutes = await _rows(store, start, end, hours=False)
+    assert [s.minutes for s in spans] == [1] * 30 + [60, 60] + [1] * 5
+    assert sum(s.minutes for s in spans) == len(minutes) == 155
+    assert {s.start for s in spans if s.minutes == 60} == {T0 + 3600, T0 + 7200}
+    whole: dict[str, float] = {}
+    for m in minutes:
+        history.merge(whole, m.parts)
+    summed: dict[str, float] = {}
+    for s in spans:
+        history.merge(summed, s.parts)
+    assert summed == pytest.approx(whole)
