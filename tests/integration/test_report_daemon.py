@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -170,3 +171,38 @@ async def _has_rows(daemon: Daemon) -> bool:
 
 async def _posted(api: SlackApi) -> bool:
     return any(m.get("files") for m in api.posted())
+
+
+async def test_with_the_prometheus_source_history_comes_from_its_own_scrape_of_the_servers(
+    tmp_path: Path, aiohttp_server: Any
+) -> None:
+    """Prometheus answers the rules; the servers under `history.scrape` are scraped for history."""
+    from aiohttp import web
+
+    page = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-cpu-metrics-self-draft.prom").read_text()
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    target = f"http://127.0.0.1:{server.port}/metrics"
+    path = tmp_path / "specguard.yaml"
+    path.write_text(
+        "state_dir: state\nserver: {port: 0}\nrules: []\nreport: {schedule: null}\n"
+        "sources: {prometheus: {url: 'http://127.0.0.1:9'}}\n"
+        f"history: {{scrape: {{targets: ['{target}']}}}}\n"
+    )
+    daemon = Daemon(load(path), path)
+    await daemon.start(handle_signals=False)
+    try:
+
+        async def recorded() -> bool:
+            rows = await daemon.store.call(
+                lambda db: db.execute("SELECT instance, model FROM history_series").fetchall()
+            )
+            return [tuple(r) for r in rows] == [(f"127.0.0.1:{server.port}", "tiny-llama")]
+
+        await wait_for(recorded, 30)
+    finally:
+        await daemon.shutdown()
