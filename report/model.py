@@ -54,25 +54,6 @@ VERSION = 1
 
 Report = dict[str, Any]
 
-# The figures each series reports for the week, for the week before, and their relative change.
-HEADLINE: tuple[str, ...] = (
-    "acceptance_rate",
-    "mean_acceptance_length",
-    "estimated_speedup",
-    "ttft_p50",
-    "ttft_p95",
-    "itl_p50",
-    "itl_p95",
-    "e2e_latency_p50",
-    "e2e_latency_p95",
-    "generation_throughput",
-    "request_rate",
-    "kv_cache_usage_mean",
-    "kv_cache_usage_max",
-    "preemptions",
-    "drafts",
-)
-
 LATENCY: tuple[str, ...] = (
     "ttft_p50",
     "ttft_p95",
@@ -80,6 +61,20 @@ LATENCY: tuple[str, ...] = (
     "itl_p95",
     "e2e_latency_p50",
     "e2e_latency_p95",
+)
+
+# The figures each series reports for the period, for the one before, and their relative change.
+HEADLINE: tuple[str, ...] = (
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "estimated_speedup",
+    *LATENCY,
+    "generation_throughput",
+    "request_rate",
+    "kv_cache_usage_mean",
+    "kv_cache_usage_max",
+    "preemptions",
+    "drafts",
 )
 
 

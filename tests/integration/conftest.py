@@ -10,6 +10,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
+from daemon.store import Store
+from sim.slack_api import SlackApi, running
 from tests.processes import Daemon
 from tests.prometheus_server import PrometheusServer, running_prometheus  # through pythonpath = ["."]
 from tests.replay import ReplayedVllm
@@ -71,3 +73,19 @@ async def daemons() -> AsyncIterator[list[Daemon]]:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.process.kill()
             daemon.process.wait()
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[SlackApi]:
+    """A Slack Web API on loopback (sim/slack_api.py) for the test."""
+    async with running() as api:
+        yield api
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    """A real store (SQLite, WAL) in the test's own directory."""
+    opened = Store(tmp_path / "specguard.db")
+    await opened.open()
+    yield opened
+    await opened.close()

@@ -7,19 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from daemon import history
 from daemon.exposition import parse_exposition
 from daemon.loading import load
 from daemon.runtime import Daemon
 from daemon.store import Store
-from sim.slack_api import TOKEN, SlackApi, running
+from sim.slack_api import TOKEN, SlackApi
 
 CONFIG = """
 state_dir: state
@@ -48,12 +45,6 @@ def last_monday_eight(now: float) -> float:
     if monday > moment:
         monday -= timedelta(days=7)
     return monday.timestamp()
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[SlackApi]:
-    async with running() as api:
-        yield api
 
 
 def write_config(tmp_path: Path, api: SlackApi) -> Path:
@@ -180,6 +171,7 @@ async def test_with_the_prometheus_source_history_comes_from_its_own_scrape_of_t
     from aiohttp import web
 
     page = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-cpu-metrics-self-draft.prom").read_text()
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/plain")
 

@@ -11,7 +11,6 @@ import sqlite3
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from actions.slack import SlackAction, SlackParams
 from daemon.dispatch.memory import StoreMemory
 from daemon.store import Store
 from report.slack import summary
-from sim.slack_api import TOKEN, Fault, SlackApi, running
+from sim.slack_api import TOKEN, Fault, SlackApi
 
 REPORT: dict[str, Any] = {
     "specguard_report": 1,
@@ -70,20 +69,6 @@ def png(shade: int, width: int = 40, height: int = 30) -> bytes:
         + chunk(b"IDAT", zlib.compress(rows))
         + chunk(b"IEND", b"")
     )
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[SlackApi]:
-    async with running() as api:
-        yield api
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = Store(tmp_path / "specguard.db")
-    await opened.open()
-    yield opened
-    await opened.close()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +19,10 @@ from actions.base import ActionContext, RunOutcome
 from actions.slack import SlackAction, SlackParams
 from daemon.dispatch.memory import StoreMemory
 from daemon.store import Store
-from sim.slack_api import TOKEN, Fault, SlackApi, running
+from sim.slack_api import TOKEN, Fault, SlackApi
 
 LABELS = {"instance": "vllm-a:8000", "model_name": "llama-8b"}
 SERIES = json.dumps(LABELS, sort_keys=True)
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[SlackApi]:
-    async with running() as api:
-        yield api
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = Store(tmp_path / "specguard.db")
-    await opened.open()
-    yield opened
-    await opened.close()
 
 
 def action(api: SlackApi, tmp_path: Path, **extra: Any) -> SlackAction:

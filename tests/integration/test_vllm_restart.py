@@ -12,7 +12,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +92,6 @@ class Host:
     def commands(self) -> list[dict[str, Any]]:
         """Each start: the command and the environment file's variables."""
         return [json.loads(line) for line in (self.state / "commands").read_text().splitlines()]
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = Store(tmp_path / "specguard.db")
-    await opened.open()
-    yield opened
-    await opened.close()
 
 
 @pytest.fixture(params=["env", "yaml"])
