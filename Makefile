@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_alert_paths.py --write benchmarks/results/alert_paths.md
 	$(BIN)/python benchmarks/bench_webhook_intake.py --write benchmarks/results/webhook_intake.md
 	$(BIN)/python benchmarks/bench_client.py --write benchmarks/results/bench_client.md
+	$(BIN)/python benchmarks/bench_report.py --write benchmarks/results/report.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
