@@ -400,17 +400,19 @@ class Daemon:
             if moment is None:
                 return
             scheduled = moment.timestamp()
+        slack = config.report.slack
+
+        async def deliver(report: dict[str, Any]) -> None:
+            assert slack is not None
+            said = await weekly.post(self.store, self.dispatcher.actions, slack, report, config.reports_dir())
+            log.info("weekly report for Slack: %s", said)
+            self.dispatcher.wake()
+
         try:
-            made = await weekly.scheduled_report(
+            await weekly.scheduled_report(
                 self.store, scheduled, config.report.period, config.report.formats, config.reports_dir(),
-                self.loaded.baseline,
+                self.loaded.baseline, deliver if slack is not None else None,
             )  # fmt: skip
-            if made is not None and config.report.slack is not None:
-                said = await weekly.post(
-                    self.store, self.dispatcher.actions, config.report.slack, made[0], config.reports_dir()
-                )
-                log.info("weekly report for Slack: %s", said)
-                self.dispatcher.wake()
         except Exception:  # a report must never take the daemon down: said, and tried next time
             log.exception("the weekly report of %s failed", datetime.fromtimestamp(scheduled, UTC).date())
 
@@ -421,9 +423,13 @@ class Daemon:
         config = self.loaded.config
         if config.report.schedule is None:
             return
-        due = await weekly.missed(
-            self.store, cron(config.report.schedule, config.report.timezone), time.time()
-        )
+        try:
+            due = await weekly.missed(
+                self.store, cron(config.report.schedule, config.report.timezone), time.time()
+            )
+        except StoreError as exc:
+            self._store_failed(str(exc))
+            return
         if due is not None:
             log.info(
                 "the weekly report of %s was missed while stopped: made now", datetime.fromtimestamp(due, UTC)

@@ -15,7 +15,7 @@ import logging
 import socket
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -139,13 +139,18 @@ async def scheduled_report(
     formats: Sequence[str],
     out_dir: Path,
     baseline: Baseline | None,
+    deliver: Callable[[Report], Awaitable[None]] | None = None,
 ) -> tuple[Report, list[Path]] | None:
     """Make the report scheduled for ``scheduled`` (covering the ``period`` before it) unless it
-    was made already; its files, or None when it had been made."""
+    was made already; its files, or None when it had been made. ``deliver`` (queueing it for
+    Slack, which ignores a report it has queued before) runs before the report is recorded as
+    made: a crash between the two makes it again and delivers it once, never not at all."""
     if await store.call(lambda db: _made(db, scheduled)):
         return None
     start = scheduled - period
     report, paths = await make(store, start, scheduled, formats, out_dir, baseline)
+    if deliver is not None:
+        await deliver(report)
     if not await store.call(lambda db: _record(db, scheduled, start, scheduled, paths)):
         return None
     log.info(

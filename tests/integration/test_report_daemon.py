@@ -136,6 +136,13 @@ async def test_a_missed_report_is_made_once_at_start_and_posted_once_with_its_ch
         assert {p: p.stat().st_mtime_ns for p in written} == written
         await asyncio.sleep(0.5)  # an outbox pass, were anything queued again
         assert len([m for m in slack.posted() if not m.get("files")]) == 1
+        # A crash after the report went to the outbox but before it was recorded as made: the
+        # next run makes it again, and Slack still gets it once.
+        await again.store.call(lambda db: db.execute("DELETE FROM reports"))
+        await again._weekly_report(scheduled)
+        assert len(await made(again)) == 1
+        await asyncio.sleep(0.5)
+        assert len([m for m in slack.posted() if not m.get("files")]) == 1
     finally:
         await again.shutdown()
 
@@ -196,5 +203,27 @@ async def test_with_the_prometheus_source_history_comes_from_its_own_scrape_of_t
             return [tuple(r) for r in rows] == [(f"127.0.0.1:{server.port}", "tiny-llama")]
 
         await wait_for(recorded, 30)
+    finally:
+        await daemon.shutdown()
+
+
+async def test_a_report_that_could_not_be_queued_for_slack_is_not_recorded_as_made(
+    tmp_path: Path, slack: SlackApi
+) -> None:
+    config = write_config(tmp_path, slack)
+    scheduled = last_monday_eight(time.time())
+    await seed(tmp_path / "state" / "specguard.db", None, scheduled)
+    daemon = Daemon(load(config), config)
+    await daemon.start(handle_signals=False)
+    try:
+        actions = daemon.dispatcher.actions
+        daemon.dispatcher.actions = {}  # the queueing fails: as if the daemon died before it
+        await daemon._weekly_report(scheduled)
+        assert await made(daemon) == []  # so the next run makes it again
+        daemon.dispatcher.actions = actions
+        await daemon._weekly_report(scheduled)
+        assert len(await made(daemon)) == 1
+        await wait_for(lambda: _posted(slack))
+        assert len([m for m in slack.posted() if not m.get("files")]) == 1
     finally:
         await daemon.shutdown()
