@@ -96,8 +96,8 @@ def increases(previous: Snapshot, current: Snapshot) -> dict[str, Components]:
             continue
         for labels, value in series.items():
             last = before.get(labels)
-            if last is None:
-                continue
+            if last is None or not (math.isfinite(value) and math.isfinite(last)):
+                continue  # new, or a value no counter has (the source reports it as an error)
             named = dict(labels)
             key = component(sample, named)
             if key is None:

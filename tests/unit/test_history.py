@@ -140,3 +140,12 @@ async def test_a_window_reads_whole_hours_from_their_sums_and_its_edges_minute_b
     for s in spans:
         history.merge(summed, s.parts)
     assert summed == pytest.approx(whole)
+
+
+def test_a_counter_that_is_not_a_number_adds_nothing() -> None:
+    before = parse_exposition('vllm:spec_decode_num_drafts_total{model_name="m"} 10\n')
+    after = parse_exposition('vllm:spec_decode_num_drafts_total{model_name="m"} NaN\n')
+    again = parse_exposition('vllm:spec_decode_num_drafts_total{model_name="m"} 25\n')
+    assert history.increases(before, after) == {}
+    assert history.increases(after, again) == {}
+    assert history.increases(before, again) == {"m": {"drafts": 15.0}}
