@@ -95,7 +95,10 @@ def cmd_report(
 
     async def make() -> list[Path]:
         async with opened(path) as store:
-            _, paths = await weekly.make(store, start, end, formats, args.out, loaded.baseline)
+            remedies = [name for name, action in loaded.actions.items() if action.changes_world]
+            _, paths = await weekly.make(
+                store, start, end, formats, args.out, loaded.baseline, remedies=remedies
+            )
             return paths
 
     try:

@@ -412,6 +412,7 @@ class Daemon:
             await weekly.scheduled_report(
                 self.store, scheduled, config.report.period, config.report.formats, config.reports_dir(),
                 self.loaded.baseline, deliver if slack is not None else None,
+                remedies=[name for name, action in self.dispatcher.actions.items() if action.changes_world],
             )  # fmt: skip
         except Exception:  # a report must never take the daemon down: said, and tried next time
             log.exception("the weekly report of %s failed", datetime.fromtimestamp(scheduled, UTC).date())

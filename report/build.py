@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,8 +36,11 @@ def build(
     host: str,
     now: float,
     charts_missing: str | None = None,
+    remedies: Collection[str] = (),
 ) -> Report:
-    """The report of ``[start, end)``, with the same span before it for week-over-week change."""
+    """The report of ``[start, end)``, with the same span before it for week-over-week change.
+    ``remedies``: the actions that change the world (a fallback, a restart), whose run is what a
+    firing's time to act waits for when it had one."""
     span = end - start
     current = history.read(db, start, end)
     previous = history.read(db, start - span, start)
@@ -55,7 +58,7 @@ def build(
         "period": {"from": iso(start), "to": iso(end), "seconds": span},
         "previous_period": {"from": iso(start - span), "to": iso(start)},
         "series": series,
-        "rules": _rules(db, start, end),
+        "rules": _rules(db, start, end, frozenset(remedies)),
         "fallbacks": _fallbacks(db, start, end, now),
         "restarts": _restarts(db, start, end),
         "silences": _silences(db, start, end),
@@ -128,9 +131,12 @@ def _series(
     }
 
 
-def _rules(db: sqlite3.Connection, start: float, end: float) -> list[dict[str, Any]]:
+def _rules(
+    db: sqlite3.Connection, start: float, end: float, remedies: frozenset[str]
+) -> list[dict[str, Any]]:
     """Each rule that fired in the period: its firings, when each resolved, and the time from the
-    breach's start to the first action that did its work (the time users waited for a remedy)."""
+    breach's start to the first remedy that did its work (the time users waited for it), or to
+    the first action of any kind when the rule has no remedy (a log line, a notice)."""
     firings = db.execute(
         "SELECT id, at, rule, series, severity, value, since FROM events"
         " WHERE kind='firing' AND shadow=0 AND at >= ? AND at < ? ORDER BY at",
@@ -142,10 +148,13 @@ def _rules(db: sqlite3.Connection, start: float, end: float) -> list[dict[str, A
             "SELECT MIN(at) FROM events WHERE rule=? AND series=? AND kind='resolved' AND at > ?",
             (row["rule"], row["series"], row["at"]),
         ).fetchone()[0]
-        acted = db.execute(
-            "SELECT MIN(finished) FROM action_runs WHERE event_id=? AND status='ok' AND mode='run'",
+        done = db.execute(
+            "SELECT action, finished FROM action_runs WHERE event_id=? AND status='ok' AND mode='run'"
+            " ORDER BY finished",
             (row["id"],),
-        ).fetchone()[0]
+        ).fetchall()
+        first = next((r for r in done if r["action"] in remedies), done[0] if done else None)
+        acted = first["finished"] if first is not None else None
         began = row["since"] if row["since"] is not None else row["at"]
         entry = rules.setdefault(
             row["rule"],
@@ -161,6 +170,7 @@ def _rules(db: sqlite3.Connection, start: float, end: float) -> list[dict[str, A
                 "value": row["value"],
                 "resolved_at": iso(resolved) if resolved is not None else None,
                 "time_to_act": acted - began if acted is not None else None,
+                "acted_by": first["action"] if first is not None else None,
             }
         )
     for entry in rules.values():

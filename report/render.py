@@ -459,11 +459,12 @@ def _rules(report: Report) -> list[_Block]:
                 _Cell(_when(firing.get("since"))),
                 _Cell(_when(firing.get("resolved_at"))),
                 _Cell(_duration(firing.get("time_to_act"))),
+                _Cell(_text(firing.get("acted_by")) if firing.get("acted_by") else MISSING),
             ]
             for rule, firing in firings
         ]
-        headers = ("Fired", "Rule", "Series", "Value", "Breach since", "Resolved", "Time to act")
-        blocks += [_Heading(3, "Firings"), _Table(headers, rows, align="lllrllr")]
+        headers = ("Fired", "Rule", "Series", "Value", "Breach since", "Resolved", "Time to act", "By")
+        blocks += [_Heading(3, "Firings"), _Table(headers, rows, align="lllrllrl")]
     return blocks
 
 

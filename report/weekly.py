@@ -15,7 +15,7 @@ import logging
 import socket
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,10 @@ async def make(
     out_dir: Path,
     baseline: Baseline | None,
     host: str | None = None,
+    remedies: Collection[str] = (),
 ) -> tuple[Report, list[Path]]:
-    """Build the report of ``[start, end)`` and write it in each of ``formats`` into ``out_dir``."""
+    """Build the report of ``[start, end)`` and write it in each of ``formats`` into ``out_dir``
+    (``remedies``: the names of the actions that change the world, see ``build``)."""
     missing = charts_missing()
     now = time.time()
     report = await store.call(
@@ -59,6 +61,7 @@ async def make(
             host=host or socket.gethostname(),
             now=now,
             charts_missing=missing,
+            remedies=remedies,
         ),
         synced=False,
     )
@@ -140,6 +143,7 @@ async def scheduled_report(
     out_dir: Path,
     baseline: Baseline | None,
     deliver: Callable[[Report], Awaitable[None]] | None = None,
+    remedies: Collection[str] = (),
 ) -> tuple[Report, list[Path]] | None:
     """Make the report scheduled for ``scheduled`` (covering the ``period`` before it) unless it
     was made already; its files, or None when it had been made. ``deliver`` (queueing it for
@@ -148,7 +152,7 @@ async def scheduled_report(
     if await store.call(lambda db: _made(db, scheduled)):
         return None
     start = scheduled - period
-    report, paths = await make(store, start, scheduled, formats, out_dir, baseline)
+    report, paths = await make(store, start, scheduled, formats, out_dir, baseline, remedies=remedies)
     if deliver is not None:
         await deliver(report)
     if not await store.call(lambda db: _record(db, scheduled, start, scheduled, paths)):

@@ -428,7 +428,8 @@ async def _run(run: DemoRun, began: float) -> int:
     # The daemon has stopped and closed its store: the report opens it again. History is kept by
     # whole minutes, each under its start, so the period begins at the start of the first one.
     period = (began // MINUTE * MINUTE, time.time())
-    written = await report_section(t, daemon.store.path, period, baseline, instance_label(spec.url))
+    remedies = [name for name, action in daemon.loaded.actions.items() if action.changes_world]
+    written = await report_section(t, daemon.store.path, period, baseline, instance_label(spec.url), remedies)
     return 0 if written else 1
 
 
@@ -607,16 +608,25 @@ def _summary(
 
 
 async def write_report(
-    store_path: Path, period: tuple[float, float], baseline: Baseline | None, out_dir: Path
+    store_path: Path,
+    period: tuple[float, float],
+    baseline: Baseline | None,
+    out_dir: Path,
+    remedies: Sequence[str] = (),
 ) -> tuple[Report, list[Path]]:
     """The report of ``period`` from the store at ``store_path``: HTML (one file) and Markdown
     (its charts beside it) in ``out_dir``; the report and the files written."""
     async with opened(store_path) as store:
-        return await weekly.make(store, *period, REPORT_FORMATS, out_dir, baseline)
+        return await weekly.make(store, *period, REPORT_FORMATS, out_dir, baseline, remedies=remedies)
 
 
 async def report_section(
-    t: Terminal, store_path: Path, period: tuple[float, float], baseline: Baseline | None, instance: str
+    t: Terminal,
+    store_path: Path,
+    period: tuple[float, float],
+    baseline: Baseline | None,
+    instance: str,
+    remedies: Sequence[str] = (),
 ) -> bool:
     """Write the report of the demo's minutes into the state directory and print its headline
     figures, then its files; False when it could not be written."""
@@ -625,7 +635,7 @@ async def report_section(
     t.line(f"report of the demo, {_clock(period[0])} to {_clock(period[1])} UTC, from the history "
            "specguard recorded at each scrape", "bold", stamp=False)  # fmt: skip
     try:
-        report, paths = await write_report(store_path, period, baseline, out_dir)
+        report, paths = await write_report(store_path, period, baseline, out_dir, remedies)
     except (StoreError, OSError, ValueError) as exc:
         t.line(f"  the report could not be written into {out_dir}: {exc}", "red", stamp=False)
         return False

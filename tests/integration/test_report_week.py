@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from daemon import history
 from daemon.loading import load
 from daemon.runtime import Daemon
 from tests import week
@@ -61,7 +62,7 @@ rules:
     condition: "< 0.4"
     no_data: keep
     severity: critical
-    actions: [fallback]
+    actions: [log, fallback]
   - name: kv_pressure
     signal: kv_cache_usage
     window: 60s
@@ -167,10 +168,11 @@ async def _play(tmp: Path, clock: Clock) -> dict[str, Any]:
                     flag_changes.append((clock.now, speculative))
         minute += 60
     clock.now = MONDAY + 7 * DAY + 3600
+    remedies = [name for name, action in loaded.actions.items() if action.changes_world]
     report, paths = await weekly.make(
-        daemon.store, MONDAY, MONDAY + 7 * DAY, ["json"], tmp / "out", loaded.baseline
+        daemon.store, MONDAY, MONDAY + 7 * DAY, ["json"], tmp / "out", loaded.baseline, remedies=remedies
     )
-    size = await daemon.store.call(lambda db: __import__("daemon.history").history.size(db))
+    size = await daemon.store.call(history.size)
     await daemon.store.close()
     return {
         "report": report,
@@ -315,6 +317,7 @@ def test_the_collapse_fired_once_acted_in_two_evaluations_and_the_fallback_time_
     assert firing["at"] == _iso(fired) and firing["since"] == _iso(began)
     assert firing["resolved_at"] == _iso(good)
     assert firing["time_to_act"] == pytest.approx(fired - began)
+    assert firing["acted_by"] == "fallback"
     # The flag file, as the test saw it change, against the report's span.
     engaged, restored = played["flag"][0][0], played["flag"][1][0]
     assert played["flag"][0][1] is False and played["flag"][1][1] is True
@@ -337,6 +340,7 @@ def test_the_kv_pressure_afternoon_fired_after_five_minutes(played: dict[str, An
     assert firing["at"] == _iso(began + 300)  # `for: 5m`
     assert firing["resolved_at"] == _iso(ended + 60)
     assert firing["time_to_act"] == pytest.approx(300.0)
+    assert firing["acted_by"] == "log"  # no remedy among its actions: the first that ran
     b = _series(played["report"], "vllm-b:8000")
     assert b["headline"]["kv_cache_usage_max"]["value"] == 0.97
     assert b["headline"]["preemptions"]["value"] == 3 * 240
