@@ -119,10 +119,11 @@ CREATE TABLE IF NOT EXISTS history_hours (
 ) WITHOUT ROWID;
 -- The last scrape of each target, the reference its next increase is counted from.
 CREATE TABLE IF NOT EXISTS history_last (instance TEXT PRIMARY KEY, at REAL NOT NULL, snapshot TEXT NOT NULL);
--- Reports made on the schedule, one per scheduled time (never twice), and where they went.
+-- Reports made on the schedule, one per scheduled time (never twice), and their files. Their
+-- delivery to Slack is the slack action's outbox (action_memory).
 CREATE TABLE IF NOT EXISTS reports (
     scheduled REAL PRIMARY KEY, made REAL NOT NULL, period_from REAL NOT NULL, period_to REAL NOT NULL,
-    paths TEXT NOT NULL, posted TEXT
+    paths TEXT NOT NULL
 );
 """
 
