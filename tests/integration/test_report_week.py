@@ -254,8 +254,23 @@ def test_every_headline_figure_equals_the_ground_truth(
             assert got["change"] is None, figure
 
 
-@pytest.mark.parametrize("name", ["a", "b"])
-def test_per_position_by_day_and_by_hour_equal_the_ground_truth(played: dict[str, Any], name: str) -> None:
+def _acceptance(minutes: list[week.Minute], k: int, cost: float) -> dict[str, Any]:
+    """The acceptance figures of a day or an hour, from the ground truth alone."""
+    drafts = sum(m.drafts for m in minutes)
+    accepted = sum(m.accepted for m in minutes)
+    mal = 1 + accepted / drafts
+    return {
+        "acceptance_rate": accepted / sum(m.draft_tokens for m in minutes),
+        "mean_acceptance_length": mal,
+        "estimated_speedup": mal / (1 + k * cost),
+        "drafts": drafts,
+    }
+
+
+@pytest.mark.parametrize(("name", "cost"), [("a", C_A), ("b", C_B)])
+def test_per_position_by_day_by_hour_and_hour_by_hour_equal_the_ground_truth(
+    played: dict[str, Any], name: str, cost: float
+) -> None:
     server: Server = played[name]
     series = _series(played["report"], server.instance)
     minutes = _in(server.truth, MONDAY, MONDAY + 7 * DAY)
@@ -263,21 +278,29 @@ def test_per_position_by_day_and_by_hour_equal_the_ground_truth(played: dict[str
     assert series["per_position"] == pytest.approx(
         [sum(m.positions[i] for m in minutes) / drafts for i in range(server.k)], rel=1e-12
     )
-    for day in range(7):
-        those = _in(minutes, MONDAY + day * DAY, MONDAY + (day + 1) * DAY)
-        entry = series["by_day"][day]
-        assert entry["day"] == datetime.fromtimestamp(MONDAY + day * DAY, UTC).strftime("%Y-%m-%d")
-        assert entry["acceptance_rate"] == pytest.approx(
-            sum(m.accepted for m in those) / sum(m.draft_tokens for m in those), rel=1e-12
-        )
-        assert entry["drafts"] == sum(m.drafts for m in those)
-    for entry in series["by_hour_of_day"]:
-        those = [m for m in minutes if _hour(m.at) == entry["hour"]]
-        assert entry["mean_acceptance_length"] == pytest.approx(
-            1 + sum(m.accepted for m in those) / sum(m.drafts for m in those), rel=1e-12
-        )
-    assert [e["hour"] for e in series["by_hour_of_day"]] == list(range(24))
-    assert len(series["hourly"]) == 7 * 24
+    expected_days = [
+        {"day": datetime.fromtimestamp(MONDAY + d * DAY, UTC).strftime("%Y-%m-%d"),
+         **_acceptance(_in(minutes, MONDAY + d * DAY, MONDAY + (d + 1) * DAY), server.k, cost)}
+        for d in range(7)
+    ]  # fmt: skip
+    expected_hours = [
+        {"hour": h, **_acceptance([m for m in minutes if _hour(m.at) == h], server.k, cost)}
+        for h in range(24)
+    ]
+    expected_hourly = [
+        {"at": _iso(MONDAY + h * 3600),
+         **_acceptance(_in(minutes, MONDAY + h * 3600, MONDAY + (h + 1) * 3600), server.k, cost)}
+        for h in range(7 * 24)
+    ]  # fmt: skip
+    for got, expected in (
+        (series["by_day"], expected_days),
+        (series["by_hour_of_day"], expected_hours),
+        (series["hourly"], expected_hourly),
+    ):
+        assert len(got) == len(expected)
+        for entry, want in zip(got, expected, strict=True):
+            assert entry == {key: pytest.approx(value, rel=1e-12) if isinstance(value, float) else value
+                             for key, value in want.items()}  # fmt: skip
 
 
 def test_latency_is_set_against_the_baseline(played: dict[str, Any]) -> None:
@@ -287,6 +310,12 @@ def test_latency_is_set_against_the_baseline(played: dict[str, Any]) -> None:
     assert latency["e2e_latency_p95"]["baseline"] == 3.0
     assert latency["e2e_latency_p95"]["ratio"] == pytest.approx(expected["e2e_latency_p95"] / 3.0, rel=1e-9)
     assert latency["ttft_p50"]["baseline"] is None and latency["ttft_p50"]["ratio"] is None
+    baselines = {"e2e_latency_p95": 3.0, "ttft_p95": 0.15, "itl_p50": 0.03}
+    for signal, row in latency.items():
+        assert row["value"] == pytest.approx(expected[signal], rel=1e-9)
+        assert row["baseline"] == baselines.get(signal)
+        if signal in baselines:
+            assert row["ratio"] == pytest.approx(expected[signal] / baselines[signal], rel=1e-9)
 
 
 def _low_runs(server: Server, threshold: float, below: bool, value: Any) -> list[tuple[float, float]]:
