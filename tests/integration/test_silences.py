@@ -82,8 +82,9 @@ async def test_a_silence_from_the_cli_holds_back_the_firings_it_matches(daemon: 
     source = daemon.source
     assert isinstance(source, Readings)
     source.values = {"a": 0.2, "b": 0.2}
-    await until(
-        lambda: [r[2] for r in runs(daemon)].count("pending") == 0 and len(runs(daemon)) == 2, "both fired"
+    await until(  # both recorded, and neither still waiting or under way (started, not finished)
+        lambda: len(runs(daemon)) == 2 and not {r[2] for r in runs(daemon)} & {"pending", "running"},
+        "both ran",
     )
     by_series = {labels: (status, reason) for labels, _, status, reason in runs(daemon)}
     assert by_series['{"instance": "b"}'] == ("ok", "")
