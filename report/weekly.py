@@ -91,9 +91,13 @@ async def post(store: Store, actions: Mapping[str, Any], name: str, report: Repo
     if not isinstance(action, SlackAction):
         raise ValueError(f"report.slack: {name!r} is not a slack action")
     text, blocks = summary(report)
-    drawn = charts.charts(report) if charts.available() is None else []
-    pngs = await asyncio.to_thread(render.write_charts, report, drawn, out_dir)
-    files = [(str(png), chart.title) for png, chart in zip(pngs, drawn, strict=True)]
+
+    def draw() -> list[tuple[str, str]]:  # off the event loop: matplotlib takes a second a series
+        drawn = charts.charts(report) if charts.available() is None else []
+        pngs = render.write_charts(report, drawn, out_dir)
+        return [(str(png), chart.title) for png, chart in zip(pngs, drawn, strict=True)]
+
+    files = await asyncio.to_thread(draw)
     return await action.queue_report(
         StoreMemory(store, name), render.filename_stem(report), text, blocks, files
     )
