@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import pytest
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import Simulator, start_simulator
 from sim.traffic import Traffic
+from tests.ports import free_port
 from tests.processes import Daemon
 from tests.real import require_binary
 
@@ -55,12 +55,6 @@ rules:
     severity: warning
     actions: [log]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def specguard_output(*args: str, cwd: Path) -> str:

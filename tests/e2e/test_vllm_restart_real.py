@@ -32,9 +32,9 @@ import pytest
 
 from actions.vllm_restart.server import positions
 from sim.traffic import Traffic
-from tests.alert_pipeline import free_port
 from tests.e2e.realclient import SERVED_NAME
 from tests.e2e.serving import STARTUP_TIMEOUT, build_model, offline_env, omp_cpus, tail
+from tests.ports import free_port
 from tests.processes import Daemon, specguard
 from tests.real import require_vllm_python
 

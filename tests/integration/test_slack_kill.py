@@ -17,7 +17,7 @@ from sim.options import SimOptions, SpeculativeConfig
 from sim.server import start_simulator
 from sim.slack_api import TOKEN, Fault, running
 from sim.traffic import Traffic
-from tests.alert_pipeline import free_port
+from tests.ports import free_port
 from tests.processes import Daemon
 
 RULES = """\

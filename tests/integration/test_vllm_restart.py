@@ -25,7 +25,7 @@ from actions.vllm_restart.server import Server
 from daemon.dispatch.memory import StoreMemory
 from daemon.store import Store
 from sim.traffic import Traffic
-from tests.alert_pipeline import free_port
+from tests.ports import free_port
 from tests.processes import Daemon, specguard
 
 DRAFT = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": 4}
