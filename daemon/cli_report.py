@@ -23,7 +23,7 @@ def add_parser(sub: Any, add_config: Callable[[argparse.ArgumentParser], None]) 
         "throughput, KV-cache usage, the rules that fired and how soon they acted, fallbacks, restarts, "
         "silences, the change from the period before, and recommendations with their reasoning (the k "
         "that maximises the expected speedup, hours where speculation lost, a degrading draft). Charts "
-        "need the `report` extra (matplotlib). The daemon writes one on its own on `report.schedule`.",
+        "need the `charts` extra (matplotlib). The daemon writes one on its own on `report.schedule`.",
         epilog="Dates are UTC: 2026-11-30 or 2026-11-30T08:00. The period is [--from, --to).",
     )
     add_config(report)

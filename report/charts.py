@@ -1,6 +1,6 @@
 """The report's charts as PNG images, drawn with matplotlib when it is installed.
 
-matplotlib is an optional extra (``specguard[report]``): a serving host that only runs the daemon
+matplotlib is an optional extra (``specguard[charts]``): a serving host that only runs the daemon
 should not need it, so it is imported inside the functions that draw, and a report without it says
 what to install instead of failing. The figures are ``matplotlib.figure.Figure`` objects made
 directly, never through pyplot: no global figure registry to leak into and no backend to select,
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from numpy.typing import ArrayLike
 
-INSTALL = "charts need matplotlib: pip install 'specguard[report]'"
+INSTALL = "charts need matplotlib: pip install 'specguard[charts]'"
 
 # The kinds of chart each series gets, in the order the report shows them.
 KINDS: tuple[str, ...] = ("acceptance-week", "per-position", "latency")

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,12 @@ async def specguard(*args: str, cwd: Path | None = None, timeout: float = 120.0)
 class Daemon:
     """One `specguard run` process, its JSON log in a file, polled through its HTTP server."""
 
-    def __init__(self, config: Path, port: int, log: Path):
+    def __init__(
+        self, config: Path, port: int, log: Path, program: Sequence[str] = (sys.executable, "-m", "daemon")
+    ):
+        """``program``: how specguard is started (this tree's, by default; an installed one's path)."""
         self.config, self.port, self.log = config, port, log
+        self.program = list(program)
         self.process: subprocess.Popen[bytes] | None = None
         self.polls: list[float] = []  # seconds each status poll waited for its answer (or timed out)
 
@@ -56,13 +60,17 @@ class Daemon:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *args: str, output: int | None = None) -> None:
+    def start(
+        self,
+        *args: str,
+        output: int | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         """Start `specguard run` with ``args`` added; its output goes to the log file, or to the file
-        descriptor ``output``."""
+        descriptor ``output``; ``env``: its whole environment (default: the test's)."""
         command = [
-            sys.executable,
-            "-m",
-            "daemon",
+            *self.program,
             "run",
             "--config",
             str(self.config),
@@ -75,6 +83,8 @@ class Daemon:
                 stdout=log if output is None else output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=None if env is None else dict(env),
+                cwd=cwd,
             )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:

@@ -12,6 +12,7 @@ from pytest_aiohttp import AiohttpServer
 
 from daemon.store import Store
 from sim.slack_api import SlackApi, running
+from tests.installed import Installed, build_and_install
 from tests.processes import Daemon
 from tests.prometheus_server import PrometheusServer, running_prometheus  # through pythonpath = ["."]
 from tests.replay import ReplayedVllm
@@ -89,3 +90,9 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
     await opened.open()
     yield opened
     await opened.close()
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel built from this tree, installed into a fresh virtualenv (tests/installed.py)."""
+    return build_and_install(tmp_path_factory.mktemp("installed"))

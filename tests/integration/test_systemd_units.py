@@ -19,12 +19,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from actions.vllm_restart.speculative import render_env
+from tests.installed import Installed
 from tests.real import missing, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,9 +37,10 @@ DROP_IN = SYSTEMD / "vllm.service.d" / "specguard.conf"
 RULE = SYSTEMD / "polkit" / "50-specguard-vllm.rules"
 
 VLLM_PYTHON = "/opt/vllm/venv/bin/python"
+SPECGUARD = "/opt/specguard/venv/bin/specguard"
 # Every program the units run, by the path they name, and what runs in its place here.
 STAND_INS = {
-    "/opt/specguard/venv/bin/specguard": sys.executable,
+    SPECGUARD: sys.executable,
     VLLM_PYTHON: sys.executable,
     "/bin/kill": "/bin/kill",
     "/bin/sh": "/bin/sh",
@@ -53,7 +56,7 @@ class UnknownProgram(Exception):
     """A unit runs a program that has no stand-in in STAND_INS."""
 
 
-def stand_in(text: str, name: str) -> tuple[str, list[str]]:
+def stand_in(text: str, name: str, stand_ins: Mapping[str, str] = STAND_INS) -> tuple[str, list[str]]:
     """``text`` with every command's program replaced by its stand-in, and the programs replaced.
 
     An empty ``ExecStart=`` (the reset a drop-in starts with) runs nothing and is kept as it is.
@@ -64,19 +67,19 @@ def stand_in(text: str, name: str) -> tuple[str, list[str]]:
         program = match["program"]
         if not program:
             return match[0]
-        if program not in STAND_INS:
+        if program not in stand_ins:
             raise UnknownProgram(
                 f"{name}: {match['key']}= runs {program}, which has no stand-in in STAND_INS"
             )
         replaced.append(program)
-        return f"{match['key']}={match['prefix']}{STAND_INS[program]}"
+        return f"{match['key']}={match['prefix']}{stand_ins[program]}"
 
     return EXEC_LINE.sub(replace, text), replaced
 
 
-def copy_with_stand_ins(source: Path, target: Path) -> list[str]:
+def copy_with_stand_ins(source: Path, target: Path, stand_ins: Mapping[str, str] = STAND_INS) -> list[str]:
     target.parent.mkdir(parents=True, exist_ok=True)
-    text, replaced = stand_in(source.read_text(), source.name)
+    text, replaced = stand_in(source.read_text(), source.name, stand_ins)
     target.write_text(text)
     return replaced
 
@@ -111,12 +114,40 @@ def test_the_units_are_all_found() -> None:
     assert {unit.name for unit in UNITS} >= {"specguard.service", "vllm.service"}, UNITS
 
 
+def installed_stand_ins(installed: Installed) -> dict[str, str]:
+    """The stand-ins, with specguard's ExecStart pointing at the `specguard` a wheel installed."""
+    return {**STAND_INS, SPECGUARD: str(installed.specguard)}
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("unit", UNITS, ids=[str(unit.relative_to(SYSTEMD)) for unit in UNITS])
-def test_unit_verifies_clean(tmp_path: Path, unit: Path) -> None:
-    replaced = copy_with_stand_ins(unit, tmp_path / unit.name)
+def test_unit_verifies_clean(tmp_path: Path, unit: Path, installed: Installed) -> None:
+    replaced = copy_with_stand_ins(unit, tmp_path / unit.name, installed_stand_ins(installed))
     assert replaced, f"{unit.name} runs no command that this test replaced"
     assert verify(tmp_path / unit.name) == []
+
+
+EXPOSURE = re.compile(r"Overall exposure level for specguard\.service: (\d+\.\d+) ")
+
+
+@pytest.mark.real
+def test_the_service_exposure_is_at_most_2_0(tmp_path: Path, installed: Installed) -> None:
+    """`systemd-analyze security --offline` scores the unit's sandboxing from 0 (locked down) to 10;
+    the README shows the figure."""
+    binary = require_binary("systemd-analyze", "systemd")
+    unit = tmp_path / "specguard.service"
+    copy_with_stand_ins(SYSTEMD / "specguard.service", unit, installed_stand_ins(installed))
+    result = subprocess.run(
+        [binary, "security", "--offline=yes", "--no-pager", unit.name],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    found = EXPOSURE.search(result.stdout)
+    assert found is not None, result.stdout[-2000:] + result.stderr
+    assert float(found[1]) <= 2.0, result.stdout
+    # Each hardening line the unit relies on is scored as present (a check mark), not only summed.
+    for directive in ("ProtectSystem=", "PrivateDevices=", "NoNewPrivileges=", "RestrictNamespaces=~"):
+        line = next(line for line in result.stdout.splitlines() if directive in line)
+        assert line.lstrip().startswith("✓"), line
 
 
 @pytest.mark.real

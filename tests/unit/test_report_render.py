@@ -41,7 +41,7 @@ def drawn() -> list[charts.Chart]:
 
 @pytest.fixture
 def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
-    """matplotlib as on a host without the report extra: every import of it fails."""
+    """matplotlib as on a host without the charts extra: every import of it fails."""
     for module in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.setitem(sys.modules, module, None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
@@ -240,13 +240,13 @@ def test_an_unknown_format_or_a_report_without_a_period_is_refused(tmp_path: Pat
 
 @pytest.mark.usefixtures("no_matplotlib")
 def test_without_matplotlib_the_report_says_its_charts_are_missing_and_still_renders(tmp_path: Path) -> None:
-    assert charts.available() == "charts need matplotlib: pip install 'specguard[report]'"
+    assert charts.available() == "charts need matplotlib: pip install 'specguard[charts]'"
     with pytest.raises(RuntimeError, match="specguard\\[report\\]"):
         charts.charts(week())
     paths = render.write(week(), "md", tmp_path) + render.write(week(), "html", tmp_path)
     assert [p.name for p in paths] == [f"{STEM}.md", f"{STEM}.html"]  # no PNG
     text, page = (p.read_text(encoding="utf-8") for p in paths)
-    line = "Charts are not included: charts need matplotlib: pip install 'specguard[report]'."
+    line = "Charts are not included: charts need matplotlib: pip install 'specguard[charts]'."
     assert text.count("Charts are not included") == 1
     assert "> **" + line.replace("[", "\\[").replace("]", "\\]") + "**" in text
     assert page.count("Charts are not included") == 1 and "<img" not in page
