@@ -52,11 +52,19 @@ class SecretRef(BaseModel):
             raise ValueError("a credential is a plain name, as in LoadCredential=NAME:PATH")
         return self
 
+    def describe(self) -> str:
+        """Where the secret is read from, for messages (never the secret itself)."""
+        if self.file is not None:
+            return f"file {self.file}"
+        if self.credential is not None:
+            return f"systemd credential {self.credential}"
+        return f"environment variable {self.env}"
+
     def read(self, what: str, environ: Mapping[str, str] | None = None) -> str:
         """The secret. Raises ValueError naming where it was looked for, never its value."""
         env = os.environ if environ is None else environ
         if self.file is not None:
-            return read_secret(self.file, what)
+            return read_secret(self.file, f"{what} file")
         if self.credential is not None:
             directory = env.get("CREDENTIALS_DIRECTORY")
             if not directory:

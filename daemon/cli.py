@@ -400,9 +400,9 @@ def _trigger_of(item: Any, alerts: Any) -> str:
 
 async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = None) -> list[dict[str, Any]]:
     from daemon.evaluation import evaluate_rule
-    from daemon.runtime import make_source, retention_for
+    from daemon.runtime import make_source
 
-    source = make_source(loaded.config, retention_for(loaded))
+    source = make_source(loaded)
     rows: list[dict[str, Any]] = []
     try:
         if source.kind == "scrape":

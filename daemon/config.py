@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from common.schedule import cron
+from common.secrets import SecretRef
 from daemon.sources.scrape import DEFAULT_MAX_PAGE_BYTES, duplicate_instances, instance_label
 from rules.durations import Duration, Interval
 
@@ -120,13 +121,30 @@ class PrometheusSourceConfig(_Strict):
 
     url: str
     timeout: Duration = 10.0
-    bearer_token_file: Path | None = None
+    # Sent as "Authorization: Bearer ...": {credential: NAME}, {file: PATH} or {env: VARIABLE}.
+    bearer_token: SecretRef | None = None
+    bearer_token_file: Path | None = None  # the same as bearer_token: {file: PATH}
     verify_tls: bool = True
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
         return _http_url(value)
+
+    @model_validator(mode="after")
+    def _one_token(self) -> PrometheusSourceConfig:
+        if self.bearer_token is not None and self.bearer_token_file is not None:
+            raise ValueError("give `bearer_token` or `bearer_token_file`, not both")
+        return self
+
+    @property
+    def token_field(self) -> str:
+        return "bearer_token_file" if self.bearer_token_file is not None else "bearer_token"
+
+    def token_ref(self) -> SecretRef | None:
+        if self.bearer_token_file is not None:
+            return SecretRef(file=self.bearer_token_file)
+        return self.bearer_token
 
 
 class SourcesConfig(_Strict):
@@ -156,11 +174,18 @@ class ServerConfig(_Strict):
     listen: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     webhook_path: str = DEFAULT_WEBHOOK_PATH
-    # The bearer token Alertmanager must send (its http_config.authorization.credentials_file).
-    # None: $CREDENTIALS_DIRECTORY/webhook-token when systemd provides it, else no token, which is
-    # allowed on a loopback address only.
-    webhook_token_file: Path | None = None
+    # The bearer token Alertmanager must send (its http_config.authorization.credentials_file):
+    # {credential: NAME}, {file: PATH} or {env: VARIABLE}. None: the systemd credential
+    # webhook-token when there is one, else no token, which is allowed on a loopback address only.
+    webhook_token: SecretRef | None = None
+    webhook_token_file: Path | None = None  # the same as webhook_token: {file: PATH}
     webhook_max_body_size: ByteSize = DEFAULT_WEBHOOK_MAX_BODY
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ServerConfig:
+        if self.webhook_token is not None and self.webhook_token_file is not None:
+            raise ValueError("give `webhook_token` or `webhook_token_file`, not both")
+        return self
 
     @field_validator("webhook_path")
     @classmethod
@@ -181,13 +206,20 @@ class ServerConfig(_Strict):
         except ValueError:
             return False  # a host name: it may resolve to anything
 
-    def token_file(self) -> Path | None:
-        """The configured token file, else the systemd credential when there is one."""
+    @property
+    def token_field(self) -> str:
+        return "webhook_token_file" if self.webhook_token_file is not None else "webhook_token"
+
+    def token_ref(self) -> SecretRef | None:
+        """Where the webhook's token is: as configured, else the systemd credential webhook-token
+        when systemd provides one."""
         if self.webhook_token_file is not None:
-            return self.webhook_token_file
+            return SecretRef(file=self.webhook_token_file)
+        if self.webhook_token is not None:
+            return self.webhook_token
         credentials = os.environ.get("CREDENTIALS_DIRECTORY")
         if credentials and (Path(credentials) / CREDENTIAL_NAME).is_file():
-            return Path(credentials) / CREDENTIAL_NAME
+            return SecretRef(credential=CREDENTIAL_NAME)
         return None
 
 

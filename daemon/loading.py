@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from actions import ACTION_TYPES, BUILTIN_INSTANCES, Action
-from common.secrets import read_secret
+from common.secrets import SecretRef
 from daemon.baseline import Baseline, parse_baseline
 from daemon.config import CREDENTIAL_NAME, MOVED_KEYS, Config
 from daemon.yamlfile import FileProblems, LineDict, Problem, line_of, load_yaml, validation_problems
@@ -66,6 +66,7 @@ class Loaded:
     actions: dict[str, Action] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     webhook_token: str | None = None  # the bearer token the webhook wants, read once here
+    prometheus_token: str | None = None  # the bearer token sent to Prometheus, read once here
 
     @property
     def errors(self) -> list[Problem]:
@@ -122,7 +123,8 @@ def load(
     ]
     raw = _merged({k: v for k, v in data.items() if k not in MOVED_KEYS}, overrides)
     try:
-        config = Config.model_validate(raw)
+        # Paths inside secret references ({file: ...}) are relative to the config's directory.
+        config = Config.model_validate(raw, context={"base": base_dir})
     except ValidationError as exc:
         return Loaded(Config(), label, problems=[*moved, *validation_problems(label, data, exc)])
     config = _resolve_paths(config, base_dir)
@@ -138,7 +140,7 @@ def load(
     for file_label, path in files:
         loaded.rules.extend(_load_rule_file(path, file_label, loaded.problems))
     _cross_check(loaded)
-    _check_token_file(config, data, label, loaded.problems)
+    loaded.prometheus_token = _prometheus_token(config, data, label, loaded.problems)
     loaded.webhook_token = _webhook_token(config, data, label, loaded.problems)
     return loaded
 
@@ -399,28 +401,34 @@ def _load_baseline(config: Config, data: Any, label: str, problems: list[Problem
         return None
 
 
-def _check_token_file(config: Config, data: Any, label: str, problems: list[Problem]) -> None:
-    prometheus = config.sources.prometheus
-    if prometheus is None or prometheus.bearer_token_file is None:
-        return
-    where = ("sources", "prometheus", "bearer_token_file")
+def _secret(ref: SecretRef | None, what: str, where: tuple[str, ...], data: Any, label: str,
+            problems: list[Problem]) -> str | None:  # fmt: skip
+    """The secret ``ref`` names, or None; a secret that cannot be read is a problem at ``where``."""
+    if ref is None:
+        return None
     try:
-        read_secret(prometheus.bearer_token_file, "bearer token file")
+        return ref.read(what)
     except ValueError as exc:
         problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))
+        return None
+
+
+def _prometheus_token(config: Config, data: Any, label: str, problems: list[Problem]) -> str | None:
+    prometheus = config.sources.prometheus
+    if prometheus is None:
+        return None
+    where = ("sources", "prometheus", prometheus.token_field)
+    return _secret(prometheus.token_ref(), "bearer token", where, data, label, problems)
 
 
 def _webhook_token(config: Config, data: Any, label: str, problems: list[Problem]) -> str | None:
     """The webhook's token. It must be readable; off loopback there must be one."""
     server = config.server
-    token_file = server.token_file()
-    if token_file is not None:
-        where = ("server", "webhook_token_file")
-        try:
-            return read_secret(token_file, "webhook token file")
-        except ValueError as exc:
-            problems.append(Problem(label, line_of(data, where), ".".join(where), str(exc)))
-    elif not server.loopback:
+    ref = server.token_ref()
+    if ref is not None:
+        where = ("server", server.token_field)
+        return _secret(ref, "webhook token", where, data, label, problems)
+    if not server.loopback:
         where = ("server", "listen")
         problems.append(
             Problem(
@@ -428,8 +436,8 @@ def _webhook_token(config: Config, data: Any, label: str, problems: list[Problem
                 line_of(data, where),
                 ".".join(where),
                 f"listening on {server.listen} would take Alertmanager webhooks from anyone: set "
-                "server.webhook_token_file (or --webhook-token-file, or the systemd credential "
-                f"{CREDENTIAL_NAME}), or listen on 127.0.0.1",
+                "server.webhook_token (e.g. {credential: webhook-token}), --webhook-token-file, or "
+                f"give the unit the systemd credential {CREDENTIAL_NAME}; or listen on 127.0.0.1",
             )
         )
     return None

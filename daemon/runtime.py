@@ -48,14 +48,15 @@ ALERT_BATCH = 256
 SHUTDOWN_GRACE = 20.0
 
 
-def make_source(config: Config, retention: float) -> Source:
+def make_source(loaded: Loaded) -> Source:
     """The configured source. Prometheus is imported only when it is used."""
+    config, retention = loaded.config, retention_for(loaded)
     if config.sources.prometheus is not None:
         from daemon.sources.prometheus import PrometheusSource
 
         p = config.sources.prometheus
         return PrometheusSource(
-            p.url, p.timeout, bearer_token_file=p.bearer_token_file, verify_tls=p.verify_tls
+            p.url, p.timeout, bearer_token=loaded.prometheus_token, verify_tls=p.verify_tls
         )
     from daemon.sources.scrape import ScrapeSource
 
@@ -111,7 +112,7 @@ class Daemon:
         self.overrides = dict(overrides or {})
         self.metrics = DaemonMetrics()
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
-        self.source: Source = make_source(loaded.config, retention_for(loaded))
+        self.source: Source = make_source(loaded)
         # With the Prometheus source, the servers whose history is kept are scraped for it alone.
         self.history_source: Any = make_history_source(loaded.config)
         self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
@@ -714,13 +715,12 @@ class Daemon:
                 log.warning(
                     "reload: webhook_path and webhook_max_body_size changes take effect after a restart"
                 )
-            if old.config.sources != new.config.sources or retention_for(old) != retention_for(new):
-                try:
-                    source = make_source(new.config, retention_for(new))
-                except ValueError as exc:  # e.g. the token file became unreadable since loading
-                    self.metrics.config_reloads.labels("failed").inc()
-                    log.error("reload failed: keeping the running configuration: %s", exc)
-                    return False
+            if (
+                old.config.sources != new.config.sources
+                or old.prometheus_token != new.prometheus_token
+                or retention_for(old) != retention_for(new)
+            ):
+                source = make_source(new)
                 adopt = getattr(source, "adopt", None)
                 if adopt is not None and type(source) is type(self.source):
                     adopt(self.source)  # targets kept across the reload keep their samples

@@ -20,14 +20,18 @@ import aiohttp
 import pytest
 
 
-async def specguard(*args: str, cwd: Path | None = None, timeout: float = 120.0) -> tuple[int, str, str]:
-    """Run ``specguard ARGS`` to its end: (exit code, stdout, stderr).
+async def specguard(
+    *args: str, cwd: Path | None = None, timeout: float = 120.0, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
+    """Run ``specguard ARGS`` to its end: (exit code, stdout, stderr). ``env``: its whole environment
+    (default: the test's).
 
     On timeout the process is killed and the test fails with what it printed."""
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "daemon", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd,
+        env=None if env is None else dict(env),
     )  # fmt: skip
     communicate = asyncio.ensure_future(process.communicate())
     done, _ = await asyncio.wait({communicate}, timeout=timeout)

@@ -14,7 +14,6 @@ import json
 import re
 import ssl
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
@@ -24,7 +23,6 @@ from urllib3.exceptions import NameResolutionError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import Retry
 
-from common.secrets import read_secret
 from daemon.redact import REDACTED, scrub, shown
 from daemon.sources.base import SourceResult
 from rules.durations import format_duration
@@ -54,7 +52,7 @@ class PrometheusSource:
         self,
         url: str,
         timeout: float,
-        bearer_token_file: Path | None = None,
+        bearer_token: str | None = None,
         verify_tls: bool = True,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -66,8 +64,7 @@ class PrometheusSource:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.verify_tls = verify_tls
-        self.bearer_token_file = bearer_token_file
-        self._token = read_token(bearer_token_file) if bearer_token_file is not None else None
+        self._token = bearer_token  # never logged, never shown
         self._shown_url = shown(self.url)
         # Prometheus gives up on the query when the client would: no work left running for nobody.
         self._params = {"timeout": format_duration(timeout)}
@@ -81,10 +78,9 @@ class PrometheusSource:
         )
 
     def __repr__(self) -> str:
-        token_file = str(self.bearer_token_file) if self.bearer_token_file else None
         return (
             f"PrometheusSource(url={self._shown_url!r}, timeout={self.timeout!r}, "
-            f"bearer_token_file={token_file!r}, verify_tls={self.verify_tls!r})"
+            f"bearer_token={'set' if self._token else None!r}, verify_tls={self.verify_tls!r})"
         )
 
     async def refresh(self) -> None:
@@ -229,7 +225,3 @@ def _causes(exc: BaseException) -> list[BaseException]:
 def _short(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
-
-
-def read_token(path: Path) -> str:
-    return read_secret(path, "bearer token file")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from common.secrets import SecretRef
 from daemon.cli import main
 from daemon.loading import builtin_pack, builtin_packs, load
 from daemon.yamlfile import FileProblems, LineDict, LineList, Problem, field_path, line_of, load_yaml
@@ -238,7 +239,7 @@ def test_listening_beyond_loopback_without_a_webhook_token_is_refused(
     write("cfg.yaml", "server:\n  listen: 0.0.0.0\n")
     code, _, err = check(capsys, "--config", "cfg.yaml")
     line = assert_one_error(code, err, "cfg.yaml:2: server.listen: listening on 0.0.0.0 would take")
-    assert "webhook_token_file" in line
+    assert "server.webhook_token" in line and "credential webhook-token" in line
 
 
 def test_listening_beyond_loopback_with_a_webhook_token_is_fine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -247,7 +248,9 @@ def test_listening_beyond_loopback_with_a_webhook_token_is_fine(capsys: pytest.C
     code, _, err = check(capsys, "--config", "cfg.yaml")
     assert code == 0, err
     loaded = load(Path("cfg.yaml"))
-    assert (loaded.config.server.token_file() or Path()).resolve() == Path("tok").resolve()
+    assert loaded.webhook_token == "s3cret"
+    ref = loaded.config.server.token_ref()
+    assert ref is not None and ref.file is not None and ref.file.resolve() == Path("tok").resolve()
 
 
 def test_the_webhook_token_may_come_from_a_systemd_credential(
@@ -258,7 +261,9 @@ def test_the_webhook_token_may_come_from_a_systemd_credential(
     write("cfg.yaml", "server:\n  listen: 0.0.0.0\n")
     code, _, err = check(capsys, "--config", "cfg.yaml")
     assert code == 0, err
-    assert load(Path("cfg.yaml")).config.server.token_file() == Path("creds").absolute() / "webhook-token"
+    loaded = load(Path("cfg.yaml"))
+    assert loaded.config.server.token_ref() == SecretRef(credential="webhook-token")
+    assert loaded.webhook_token == "s3cret"
 
 
 @pytest.mark.parametrize(

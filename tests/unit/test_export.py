@@ -623,7 +623,7 @@ def test_the_receiver_header_explains_the_token_send_resolved_and_merging(
     code, out, _ = run(capsys, "alertmanager-receiver", "--config", "specguard.yaml")
     assert code == 0
     header = "\n".join(line for line in out.splitlines() if line.startswith("#"))
-    assert "must hold the same token as specguard's server.webhook_token_file" in header
+    assert "must hold the same token as specguard's server.webhook_token" in header
     assert "send_resolved must stay true" in header
     assert "#       - receiver: specguard\n#         matchers: ['alertname=\"VllmDown\"']" in header
 
@@ -679,7 +679,7 @@ def test_without_a_webhook_token_in_specguard_s_config_the_operator_is_warned(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, err = receiver_config(capsys, "{}\n")
-    assert err.startswith("specguard export: warning: the config sets no server.webhook_token_file")
+    assert err.startswith("specguard export: warning: the config sets no server.webhook_token:")
 
 
 @pytest.mark.parametrize(

@@ -241,7 +241,7 @@ def test_an_unknown_format_or_a_report_without_a_period_is_refused(tmp_path: Pat
 @pytest.mark.usefixtures("no_matplotlib")
 def test_without_matplotlib_the_report_says_its_charts_are_missing_and_still_renders(tmp_path: Path) -> None:
     assert charts.available() == "charts need matplotlib: pip install 'specguard[charts]'"
-    with pytest.raises(RuntimeError, match="specguard\\[report\\]"):
+    with pytest.raises(RuntimeError, match="specguard\\[charts\\]"):
         charts.charts(week())
     paths = render.write(week(), "md", tmp_path) + render.write(week(), "html", tmp_path)
     assert [p.name for p in paths] == [f"{STEM}.md", f"{STEM}.html"]  # no PNG
