@@ -32,7 +32,7 @@ from daemon.selfmetrics import DaemonMetrics
 from daemon.server import Webhook, start_server
 from daemon.sources.base import Source, SourceResult
 from daemon.status import health as health_of
-from daemon.status import rule_rows
+from daemon.status import rule_rows, status_line
 from daemon.store import EventRecord, Store, StoreError
 from rules.durations import format_duration
 from rules.matchers import all_match
@@ -130,6 +130,9 @@ class Daemon:
         self.started_at = time.time()
         self.last_round: float | None = None
         self.last_round_of: dict[float, float | None] = {}  # interval -> when its last round finished
+        self._first_rounds = asyncio.Event()  # every rule evaluated once since the start: READY=1
+        self._unevaluated: set[str] = set()  # rules not yet evaluated since the start
+        self._status_told: str | None = None  # the last STATUS= sent
         self.store_error: str | None = None  # why the store cannot be written, while it cannot
         self.rule_verdicts: dict[str, tuple[str, str | None]] = {}  # rule -> (verdict, why) without series
         self._scrapes: set[asyncio.Task[Any]] = set()  # scrapes in progress
@@ -198,14 +201,29 @@ class Daemon:
             )
         self._spawn(self._process_alerts())
         self._spawn(self.dispatcher.serve())  # restores, when their quiet period is over
-        self._start_scheduler()
-        self._spawn(self._catch_up_report())
         if handle_signals:
             self._install_signal_handlers()
         wd = systemd.watchdog_interval()
         if wd:
-            self._spawn(self._watchdog(wd))
-        systemd.notify("READY=1", f"STATUS=evaluating {len(self.loaded.enabled_rules())} rules")
+            self._spawn(systemd.watchdog(wd))
+        self._unevaluated = {item.name for item in self.loaded.enabled_rules()}
+        if not self._unevaluated:
+            self._first_rounds.set()
+        self._start_scheduler()
+        self._spawn(self._catch_up_report())
+        # Ready means serving and judging: the HTTP server listens (above) and every rule has been
+        # evaluated once and its states stored, so what /api/status shows is real. A rule's
+        # actions run before the next rule is evaluated, each within its timeout: the unit's
+        # TimeoutStartSec leaves room for a first round that acts.
+        # A stop asked for meanwhile (SIGTERM during the first round) ends the wait.
+        waits = [asyncio.ensure_future(event.wait()) for event in (self._first_rounds, self._stop)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        if self._stop.is_set():
+            return
+        self._status_told = self._status_line()
+        systemd.notify("READY=1", "STATUS=" + self._status_told)
         log.info(
             "specguard running: %d rules, source %s, http://%s:%s, dry_run=%s",
             len(self.loaded.enabled_rules()),
@@ -226,7 +244,7 @@ class Daemon:
         self._stop.set()
 
     async def shutdown(self) -> None:
-        systemd.notify("STOPPING=1")
+        systemd.notify("STOPPING=1", "STATUS=stopping")
         log.info("stopping")
         if self.scheduler is not None:
             self.scheduler.pause()  # no new rounds; the one in progress may finish its actions
@@ -266,12 +284,6 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
-
-    async def _watchdog(self, every: float) -> None:
-        # On the event loop on purpose: a stuck loop stops the pings and systemd restarts us.
-        while True:
-            systemd.notify("WATCHDOG=1")
-            await asyncio.sleep(every)
 
     # --- scheduling ------------------------------------------------------------------------------
 
@@ -476,6 +488,18 @@ class Daemon:
         for each in [interval] if interval is not None else list(self.last_round_of):
             self.last_round_of[each] = self.last_round
         self.metrics.last_evaluation.set(self.last_round)
+        self._tell_status()
+
+    def _status_line(self) -> str:
+        targets: Any = getattr(self.source, "target_health", None)
+        return status_line(self.rule_rows(), targets() if targets is not None else [], self.store_error)
+
+    def _tell_status(self) -> None:
+        """systemd's STATUS=, when it says something new."""
+        line = self._status_line()
+        if line != self._status_told:
+            self._status_told = line
+            systemd.status(line)
 
     async def _evaluate_one(
         self, item: LoadedRule, trigger: str = SCHEDULE, touched: Sequence[Receipt] | None = None
@@ -529,6 +553,9 @@ class Daemon:
             states = outcome.states
         self.states[name] = states
         self.rule_verdicts[name] = _rule_verdict(outcome, result)
+        self._unevaluated.discard(name)
+        if not self._unevaluated:
+            self._first_rounds.set()
         self._note_error(name, outcome.error)
         verdicts = list(outcome.verdicts.values()) or [Verdict.ERROR if outcome.error else Verdict.NO_DATA]
         for verdict in verdicts:
@@ -745,7 +772,8 @@ class Daemon:
             log.info("reloaded: %d rules", len(new.enabled_rules()))
             return True
         finally:
-            systemd.notify("READY=1")
+            self._status_told = self._status_line()
+            systemd.notify("READY=1", "STATUS=" + self._status_told)
 
     # --- status ----------------------------------------------------------------------------------
 

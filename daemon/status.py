@@ -93,3 +93,27 @@ def rule_rows(
                 }
             )
     return rows
+
+
+def status_line(rows: list[dict[str, Any]], targets: list[dict[str, object]], store_error: str | None) -> str:
+    """One line for systemd's STATUS= (``systemctl status`` shows it): how many rules, which fire,
+    what the targets and the store do. Only what changes with the daemon's state, so it is sent
+    again only when something changed."""
+    rules = sorted({row["rule"] for row in rows})
+    firing = sorted({row["rule"] for row in rows if row["state"] == State.FIRING.value})
+    pending = sorted({row["rule"] for row in rows if row["state"] == State.PENDING.value})
+    parts = [f"{len(rules)} rule{'s' if len(rules) != 1 else ''}"]
+    if firing:
+        shown = ", ".join(firing[:3]) + (f" and {len(firing) - 3} more" if len(firing) > 3 else "")
+        parts.append(f"firing: {shown}")
+    else:
+        parts.append("none firing")
+    if pending:
+        parts.append(f"{len(pending)} pending")
+    if targets:
+        up = sum(1 for t in targets if t.get("state") == "up")
+        warming = sum(1 for t in targets if t.get("state") == "warming_up")
+        parts.append(f"{up}/{len(targets)} targets up" + (f", {warming} warming up" if warming else ""))
+    if store_error is not None:
+        parts.append("STORE FAILING: " + " ".join(store_error.split())[:120])
+    return "; ".join(parts)

@@ -1,7 +1,13 @@
-"""sd_notify(3) without a dependency: READY, RELOADING, STOPPING, STATUS and the watchdog."""
+"""sd_notify(3) without a dependency: READY, RELOADING, STOPPING, STATUS and the watchdog.
+
+The protocol is one AF_UNIX datagram per message to ``$NOTIFY_SOCKET`` (a leading ``@`` is the
+abstract namespace), ``KEY=VALUE`` lines; systemd calls it stable. Outside systemd every call is a
+no-op.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -24,7 +30,24 @@ def notify(*lines: str) -> bool:
 
 
 def reloading() -> bool:
-    return notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+    # MONOTONIC_USEC lets Type=notify-reload (systemd 253+) tell this reload from an earlier one.
+    return notify(
+        "RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}", "STATUS=reloading the config"
+    )
+
+
+def status(line: str) -> bool:
+    """``STATUS=``: one line, as ``systemctl status`` shows it."""
+    return notify("STATUS=" + " ".join(line.split()))
+
+
+async def watchdog(every: float) -> None:
+    """``WATCHDOG=1`` every ``every`` seconds, forever. It runs on the event loop on purpose: a loop
+    that is stuck (a blocking call, a busy coroutine) stops the pings, and systemd restarts the
+    daemon once ``WatchdogSec`` passes without one."""
+    while True:
+        notify("WATCHDOG=1")
+        await asyncio.sleep(every)
 
 
 def watchdog_interval() -> float | None:
