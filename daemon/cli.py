@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon import __version__, cli_ladder, cli_report
+from daemon import __version__, cli_backup, cli_ladder, cli_report
 
 DESCRIPTION = """\
 specguard watches speculative decoding on vLLM: it evaluates YAML rules over vLLM's metrics
@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     cli_ladder.add_parser(sub, _add_config)
     cli_report.add_parser(sub, _add_config)
+    cli_backup.add_parser(sub, _add_config)
     from playbook.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
@@ -211,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cli_ladder.cmd_ladder(args)
         if args.command == "report":
             return cli_report.cmd_report(args, _state_database)
+        if args.command == "backup":
+            return cli_backup.cmd_backup(args, _state_database)
         if args.command == "bench":
             from playbook.bench import cli as bench_cli
 
