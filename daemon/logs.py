@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Any, TextIO
 
@@ -24,6 +25,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+# syslog priorities (sd-daemon(3)): journald takes a "<N>" line prefix as the entry's priority
+# (SyslogLevelPrefix=yes, its default), so `journalctl -p warning` finds specguard's warnings.
+_PRIORITY = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
+
+
+class JournalJsonFormatter(JsonFormatter):
+    """JSON lines with the priority prefix journald strips off."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{_PRIORITY.get(record.levelname, 6)}>" + super().format(record)
+
+
+def to_journal(stream: TextIO) -> bool:
+    """Whether ``stream`` is the journal's own stream: systemd sets ``$JOURNAL_STREAM`` to its
+    device and inode (a program whose output is redirected elsewhere must not get prefixes)."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        stat = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return expected == f"{stat.st_dev}:{stat.st_ino}"
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
@@ -34,7 +58,10 @@ def setup(log_format: str = "auto", level: str = "info", stream: TextIO | None =
     stream = stream or sys.stderr
     use_json = log_format == "json" or (log_format == "auto" and not stream.isatty())
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
+    if use_json:
+        handler.setFormatter(JournalJsonFormatter() if to_journal(stream) else JsonFormatter())
+    else:
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -1,11 +1,14 @@
-"""The asyncio logger's rate limit: a connection flood makes asyncio log every failed accept()."""
+"""Logging: the asyncio logger's rate limit (a connection flood makes asyncio log every failed
+accept()), and the priority journald reads off each line."""
 
 from __future__ import annotations
 
 import io
+import os
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +67,22 @@ def test_setup_puts_one_limit_on_the_asyncio_logger_however_often_it_runs() -> N
         logging.getLogger("asyncio").error(ACCEPT)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert len(lines) == 1 and lines[0]["msg"].startswith("socket.accept() out of system resource")
+
+
+@pytest.mark.usefixtures("root_logger")
+def test_on_the_journal_each_json_line_carries_its_syslog_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (tmp_path / "journal").open("w") as journal, (tmp_path / "elsewhere").open("w") as elsewhere:
+        stat = os.fstat(journal.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{stat.st_dev}:{stat.st_ino}")
+        setup("json", "info", journal)
+        logging.getLogger("specguard").warning("reload failed")
+        logging.getLogger("specguard").info("reloaded")
+        setup("json", "info", elsewhere)  # output redirected away from the journal: no prefix
+        logging.getLogger("specguard").warning("reload failed")
+    journal_lines = (tmp_path / "journal").read_text().splitlines()
+    assert [line[:3] for line in journal_lines] == ["<4>", "<6>"]
+    assert json.loads(journal_lines[0][3:])["msg"] == "reload failed"
+    (plain,) = (tmp_path / "elsewhere").read_text().splitlines()
+    assert json.loads(plain)["level"] == "warning"
