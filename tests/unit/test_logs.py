@@ -4,9 +4,9 @@ accept()), and the priority journald reads off each line."""
 from __future__ import annotations
 
 import io
-import os
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
