@@ -4,7 +4,9 @@ An action does one thing, idempotently, within a timeout, and reports an outcome
 change the world (``changes_world``) can undo it: the dispatcher calls ``restore`` for them, not
 ``run``, once the rule has resolved and stayed so for ``restore_delay``. The dispatcher owns
 guards, scheduling and recording; an action keeps what it must remember (a flag's holders, a Slack
-thread) in its ``memory``, which the store keeps.
+thread) in its ``memory``, which the store keeps, and says what it holds in the world now (a
+fallback engaged, vLLM's number of speculative tokens) through ``holding``, for the daemon's own
+metrics.
 """
 
 from __future__ import annotations
@@ -109,6 +111,15 @@ class Outcome:
     retry_after: float | None = None
 
 
+@dataclass(frozen=True)
+class Holding:
+    """What an action holds in the world now, as its memory says; the daemon shows it on its
+    ``/metrics``. None: the action holds nothing of that kind, or does not know."""
+
+    fallback_engaged: bool | None = None  # a feature flag's fallback to standard decoding is on
+    speculative_tokens: int | None = None  # vLLM's num_speculative_tokens (0: speculation off)
+
+
 class Action(ABC):
     """Base class: subclasses set ``type`` and ``Params`` and implement ``run``."""
 
@@ -158,6 +169,11 @@ class Action(ABC):
     async def restore(self, ctx: ActionContext) -> Outcome:
         """Undo what ``run`` changed. Actions that change nothing have nothing to undo."""
         return Outcome(True, "nothing to restore")
+
+    async def holding(self, memory: ActionMemory) -> Holding:
+        """What the action holds now, from its memory. Only reads: the daemon calls it at start
+        and whenever the action's memory changed, whoever changed it (a run, a step by hand)."""
+        return Holding()
 
     async def observe(self, outcome: RunOutcome, memory: ActionMemory) -> None:
         """Another action's run ended (a restore after its quiet period, say): for ``observes``."""

@@ -111,6 +111,7 @@ class Daemon:
         self.rule_files = list(rule_files)
         self.overrides = dict(overrides or {})
         self.metrics = DaemonMetrics()
+        self.metrics.show_baseline(loaded.baseline)
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
         self.source: Source = make_source(loaded)
         # With the Prometheus source, the servers whose history is kept are scraped for it alone.
@@ -758,6 +759,7 @@ class Daemon:
                     await self.history_source.close()
                 self.history_source = make_history_source(new.config)
             self.loaded = new
+            self.metrics.show_baseline(new.baseline)
             await self._rebuild_book()
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.dry_run = new.config.dry_run

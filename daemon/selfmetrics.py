@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from actions.base import Holding
+from daemon.baseline import Baseline
 
 
 class DaemonMetrics:
@@ -104,3 +109,43 @@ class DaemonMetrics:
             "When the last round finished",
             registry=r,
         )
+        # What the actions hold in the world: one gauge per field of Holding, by its name.
+        self.holdings: dict[str, Gauge] = {
+            "fallback_engaged": Gauge(
+                "specguard_fallback_engaged",
+                "1 while a feature_flag action's fallback to standard decoding is engaged, 0 otherwise",
+                ["action"],
+                registry=r,
+            ),
+            "speculative_tokens": Gauge(
+                "specguard_speculative_tokens",
+                "num_speculative_tokens of a vllm_restart action's vLLM as last verified (before any "
+                "change: as its config file says); 0 is speculative decoding off",
+                ["action"],
+                registry=r,
+            ),
+        }
+        self.baseline = Gauge(
+            "specguard_baseline",
+            "The loaded baseline file's values by entry and signal (model_name, instance: empty when "
+            "the entry names none)",
+            ["model_name", "instance", "signal"],
+            registry=r,
+        )
+
+    def show_holding(self, action: str, holding: Holding | None) -> None:
+        """``action`` holds ``holding`` now; None: the action is gone (its gauges go too)."""
+        for field, gauge in self.holdings.items():
+            value = None if holding is None else getattr(holding, field)
+            if value is None:
+                with contextlib.suppress(KeyError):  # never shown (older prometheus_client raises)
+                    gauge.remove(action)
+            else:
+                gauge.labels(action).set(float(value))
+
+    def show_baseline(self, baseline: Baseline | None) -> None:
+        """The values of the baseline now loaded, in place of the previous file's."""
+        self.baseline.clear()
+        for entry in baseline.entries if baseline is not None else ():
+            for signal, value in entry.signals.items():
+                self.baseline.labels(entry.model or "", entry.instance or "", signal).set(value)

@@ -202,6 +202,9 @@ class Store:
         # them durable). Same thread, so the two never write at once.
         self._unsynced: sqlite3.Connection | None = None
         self._refuse = False  # refuse_writes (tests)
+        # Called on the event loop with an action's name once its memory changed (the dispatcher
+        # shows what the action holds on /metrics, whoever changed it: a run, a step by hand).
+        self.memory_listeners: list[Callable[[str], None]] = []
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T], synced: bool = True) -> T:
         loop = asyncio.get_running_loop()
@@ -400,7 +403,10 @@ class Store:
                         )
             return value
 
-        return await self._call(update)
+        value = await self._call(update)
+        for listener in list(self.memory_listeners):
+            listener(action)
+        return value
 
     async def start_run(self, run_id: int) -> None:
         # Not synced on its own: losing it to a power cut loses an attempt count, nothing else

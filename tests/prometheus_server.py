@@ -1,13 +1,14 @@
-"""A real Prometheus (the Debian package) for the integration tier: started on loopback, scraping one
-target every second, stopped when the test ends. Missing binary: skip, or fail under
+"""A real Prometheus (the Debian package) for the integration tier: started on loopback, scraping its
+targets every second, stopped when the test ends. Missing binary: skip, or fail under
 SPECGUARD_REQUIRE_REAL=1 (tests/real.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,15 +20,21 @@ from tests.real import require_binary
 
 READY_TIMEOUT = 20.0
 
-PROMETHEUS_CONFIG = """\
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: vllm
-    static_configs:
-      - targets: ["{target}"]
-"""
+SCRAPE_EVERY = "1s"
+
+
+def prometheus_config(jobs: Mapping[str, Sequence[str]]) -> str:
+    """prometheus.yml scraping each job's targets (host:port) every second. JSON is YAML."""
+    return json.dumps(
+        {
+            "global": {"scrape_interval": SCRAPE_EVERY, "scrape_timeout": SCRAPE_EVERY},
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": list(targets)}]}
+                for job, targets in jobs.items()
+            ],
+        },
+        indent=2,
+    )
 
 
 @dataclass
@@ -37,11 +44,14 @@ class PrometheusServer:
 
 
 @asynccontextmanager
-async def running_prometheus(target: str, directory: Path, port: int) -> AsyncIterator[PrometheusServer]:
-    """A real Prometheus on 127.0.0.1:``port`` scraping ``target`` (host:port) every second."""
+async def running_prometheus(
+    target: str | Mapping[str, Sequence[str]], directory: Path, port: int
+) -> AsyncIterator[PrometheusServer]:
+    """A real Prometheus on 127.0.0.1:``port`` scraping every second ``target`` (host:port, as job
+    ``vllm``), or each job's targets (``{"vllm": [...], "specguard": [...]}``)."""
     binary = require_binary("prometheus", "prometheus")
     config = directory / "prometheus.yml"
-    config.write_text(PROMETHEUS_CONFIG.format(target=target))
+    config.write_text(prometheus_config({"vllm": [target]} if isinstance(target, str) else target))
     server = PrometheusServer(f"http://127.0.0.1:{port}", directory / "prometheus.log")
     with server.log.open("wb") as log:
         process = subprocess.Popen(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
+from actions.base import Action, ActionContext, ActionMemory, ActionParams, Holding, Outcome
 from actions.feature_flag.backends import (
     Backend,
     BackendError,
@@ -100,6 +100,10 @@ class FeatureFlagAction(Action):
 
     async def run(self, ctx: ActionContext) -> Outcome:
         return await self.hold(self.memory(ctx), holder_of(ctx))
+
+    async def holding(self, memory: ActionMemory) -> Holding:
+        record = await memory.read(STATE_KEY)
+        return Holding(fallback_engaged=bool(record and record.get("engaged")))
 
     async def restore(self, ctx: ActionContext) -> Outcome:
         return await self.release(self.memory(ctx), holder_of(ctx))

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Outcome
+from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Holding, Outcome
 from actions.feature_flag import FeatureFlagAction
 from actions.vllm_restart import speculative
 from actions.vllm_restart.server import NotReady, Server
@@ -254,6 +254,21 @@ class VllmRestartAction(Action):
             "change": None if change is None else {k: change[k] for k in SHOWN_CHANGE if k in change},
             "log": state["log"],
         }
+
+    async def holding(self, memory: ActionMemory) -> Holding:
+        """k as last verified; before specguard changed anything, what the config file starts vLLM
+        with (mid-change: the k being left, until the new one is verified)."""
+        state = await memory.read(STATE_KEY)
+        if state and state.get("k") is not None:
+            return Holding(speculative_tokens=int(state["k"]))
+        try:
+            text = await asyncio.to_thread(read_or_none, self.path)
+            if text is None:  # no file yet: nothing says what vLLM runs
+                return Holding()
+            config = self._read_config(text)
+            return Holding(speculative_tokens=int(config.get(speculative.K, 0)) if config else 0)
+        except (OSError, ValueError, TypeError):  # unreadable, or no number: unknown, not 0
+            return Holding()
 
     # --- a daemon that died mid-change ---------------------------------------------------------
 

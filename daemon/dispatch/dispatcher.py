@@ -7,6 +7,10 @@ Every decision not to run is recorded with its reason (the guards, ``daemon.disp
 Runs are written to the store as ``pending`` in the same transaction as the state change, then
 carried out when due; a run interrupted by a crash is carried out after the restart (actions are
 idempotent).
+
+What each action holds in the world (a fallback engaged, vLLM's k) is shown on the daemon's
+``/metrics``: read from the store when the dispatcher starts serving, again whenever an action's
+memory changes (whoever changed it), and for every action when the actions are replaced (a reload).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ log = logging.getLogger("specguard.dispatcher")
 
 ACTIONABLE = (State.FIRING, State.RESOLVED)
 TICK_RETRY = 30.0  # seconds before an action's own work that raised is tried again
+# What specguard_action_runs_total counts runs under. Each action's are exported from 0: a counter
+# that first appears at 1 is an increase Prometheus never sees (increase() over it reads 0).
+RUN_STATUSES = ("ok", "failed", "skipped", "retry")
 
 
 def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
@@ -68,9 +75,12 @@ def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
 class Dispatcher:
     def __init__(self, store: Store, actions: Mapping[str, Action], dry_run: bool, metrics: DaemonMetrics):
         self.store = store
+        self.metrics = metrics
+        self._actions: dict[str, Action] = {}
+        self._holdings_stale: set[str] = set()  # actions whose holding /metrics shows may be old
+        self._holdings_due = asyncio.Event()
         self.actions = dict(actions)
         self.dry_run = dry_run
-        self.metrics = metrics
         # Called after each run with (run, status, detail): how an embedding program (the demo)
         # shows what was done.
         self.on_run: list[Callable[[ActionRun, str, str], None]] = []
@@ -82,6 +92,49 @@ class Dispatcher:
         self._next_tick: float | None = None  # when an action next has work of its own
         self._aside: set[asyncio.Task[None]] = set()  # long runs, carried out beside the rest
         self._ticking: set[str] = set()  # long-running actions whose tick is under way aside
+        store.memory_listeners.append(self._memory_changed)
+
+    @property
+    def actions(self) -> dict[str, Action]:
+        return self._actions
+
+    @actions.setter
+    def actions(self, actions: Mapping[str, Action]) -> None:
+        # New instances (a reload): each may read its holding differently (another flag file),
+        # and the gauges of an action no longer configured must go.
+        self._holdings_stale.update(self._actions, actions)
+        self._actions = dict(actions)
+        self._holdings_due.set()
+        for name in self._actions:
+            for status in RUN_STATUSES:
+                self.metrics.action_runs.labels(name, status)
+
+    def _memory_changed(self, action: str) -> None:
+        self._holdings_stale.add(action)
+        self._holdings_due.set()
+
+    async def show_holdings(self, names: Sequence[str] | None = None) -> None:
+        """Show on /metrics what the actions ``names`` (default: all) hold now, from the store."""
+        for name in list(self._actions) if names is None else names:
+            action = self._actions.get(name)
+            if action is None:
+                self.metrics.show_holding(name, None)
+                continue
+            try:
+                holding = await action.holding(StoreMemory(self.store, name))
+            except Exception as exc:  # the last value stays; the next change reads it again
+                log.warning("action %s: cannot read what it holds: %s: %s", name, type(exc).__name__, exc)
+                continue
+            self.metrics.show_holding(name, holding)
+
+    async def _show_holdings_when_stale(self) -> None:
+        # The first pass shows every action (the setter in __init__ marked them all): what a previous
+        # process left in the store, a flag engaged before a restart included.
+        while True:
+            await self._holdings_due.wait()
+            self._holdings_due.clear()
+            stale, self._holdings_stale = self._holdings_stale, set()
+            await self.show_holdings(sorted(stale))
 
     @property
     def guard(self) -> Guard:
@@ -238,6 +291,15 @@ class Dispatcher:
     async def serve(self) -> None:
         """Carry out runs as they fall due (restores after their quiet period, restores tried
         again after a failed canary), and the actions' own work; until cancelled."""
+        holdings = asyncio.get_running_loop().create_task(self._show_holdings_when_stale())
+        try:
+            await self._serve()
+        finally:
+            holdings.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holdings
+
+    async def _serve(self) -> None:
         await self.tick()
         while True:
             self._due.clear()  # before reading: a run recorded meanwhile wakes the wait below
