@@ -112,6 +112,7 @@ class Daemon:
         self.overrides = dict(overrides or {})
         self.metrics = DaemonMetrics()
         self.metrics.show_baseline(loaded.baseline)
+        self.metrics.show_rules(r.name for r in loaded.enabled_rules())
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
         self.source: Source = make_source(loaded)
         # With the Prometheus source, the servers whose history is kept are scraped for it alone.
@@ -760,6 +761,7 @@ class Daemon:
                 self.history_source = make_history_source(new.config)
             self.loaded = new
             self.metrics.show_baseline(new.baseline)
+            self.metrics.show_rules(r.name for r in new.enabled_rules())
             await self._rebuild_book()
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.dry_run = new.config.dry_run

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from actions.base import Holding
 from daemon.baseline import Baseline
+from daemon.engine import State
 
 
 class DaemonMetrics:
@@ -142,6 +144,13 @@ class DaemonMetrics:
                     gauge.remove(action)
             else:
                 gauge.labels(action).set(float(value))
+
+    def show_rules(self, rules: Iterable[str]) -> None:
+        """Export each rule's event counters from 0, one per state an event enters: a counter that
+        first appears at 1 is an increase Prometheus never sees (increase() over it reads 0)."""
+        for rule in rules:
+            for state in State:
+                self.events.labels(rule, state.value)
 
     def show_baseline(self, baseline: Baseline | None) -> None:
         """The values of the baseline now loaded, in place of the previous file's."""

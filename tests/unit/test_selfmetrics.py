@@ -259,3 +259,15 @@ async def test_every_actions_run_counters_are_exported_from_0_before_its_first_r
     d = Dispatcher(store, {"fallback": fallback(store.path.parent)}, False, DaemonMetrics())
     for status in ("ok", "failed", "skipped", "retry"):
         assert value(d.metrics, "specguard_action_runs_total", action="fallback", status=status) == 0
+
+
+def test_each_rules_event_counters_start_at_zero() -> None:
+    from prometheus_client import generate_latest
+
+    from daemon.selfmetrics import DaemonMetrics
+
+    metrics = DaemonMetrics()
+    metrics.show_rules(["acceptance_fallback"])
+    page = generate_latest(metrics.registry).decode()
+    for state in ("pending", "firing", "resolved", "inactive"):
+        assert f'specguard_events_total{{kind="{state}",rule="acceptance_fallback"}} 0.0' in page
