@@ -45,6 +45,7 @@ def test_the_sdist_carries_the_units_the_example_config_and_the_dashboard(instal
         "systemd/vllm.service.d/specguard.conf",
         "systemd/polkit/50-specguard-vllm.rules",
         "deploy/specguard.example.yaml",
+        "deploy/grafana/specguard.json",
         "rules/packs/speculative.yaml",
     ):
         assert path in names, path
