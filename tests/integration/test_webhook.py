@@ -59,12 +59,13 @@ Post = Callable[..., Awaitable[tuple[int, dict[str, Any]]]]
 async def started(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Daemon]]]:
     running: list[Daemon] = []
 
-    async def start(keep: str = "0s", token: bool = True) -> Daemon:
+    async def start(keep: str = "0s", token: bool = True, value: float = 0.2) -> Daemon:
+        """A daemon whose source reads ``value``; its start waits for the first round (READY=1)."""
         path = write_config(tmp_path, keep, token)
         loaded = load(path)
         assert loaded.ok, loaded.problems
         daemon = Daemon(loaded, path)
-        daemon.source = Readings(0.2)
+        daemon.source = Readings(value)
         await daemon.start(handle_signals=False)
         running.append(daemon)
         return daemon
@@ -138,10 +139,9 @@ def metric(daemon: Daemon, name: str, **labels: str) -> float:
 async def test_a_firing_alert_fires_the_alert_rule_and_triggers_the_signal_rule_once(
     started: Callable[..., Awaitable[Daemon]],
 ) -> None:
-    daemon = await started()
+    daemon = await started(value=0.9)  # healthy at the first round; the hourly schedule will not look again
     source = daemon.source
     assert isinstance(source, Readings)
-    source.value = 0.9  # healthy at the first round; the hourly schedule will not look again
     for _ in range(400):
         if daemon.last_round_of.get(3600.0) is not None:  # the hourly round ran, at start
             break
