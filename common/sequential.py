@@ -1,0 +1,212 @@
+"""Sequential tests on vLLM's speculative-decoding counters: the chain model's per-token acceptance,
+a CUSUM that detects a drop in it, and an SPRT that decides whether it has recovered.
+
+**The chain model.** A draft of k tokens is checked position by position and stops at the first
+rejection; each position is accepted with probability α given the ones before. vLLM counts
+acceptance as a prefix (position i counts the drafts whose tokens 0..i were all accepted), so over
+a window, S = accepted tokens and F = drafts − drafts accepted whole (``per_pos[k-1]``): every draft
+is a run of S_d successes ended by one failure, unless all k were accepted. The window's likelihood
+is α^S (1−α)^F, whatever k is, and α̂ = S / (S + F). vLLM's own acceptance rate, accepted / draft
+tokens = α(1−α^k) / (k(1−α)), reads 0.70, 0.51 and 0.39 at k = 1, 3 and 5 for the same α = 0.7.
+
+**Overdispersion.** Requests differ (prompts, temperatures), so the tokens of a window are far from
+independent trials: its α̂ varies φ times more than a binomial's. φ is Pearson's χ²/df over
+in-control windows, and every log-likelihood ratio is divided by it.
+
+**CUSUM** (Page 1954) for a drop α₀ → α₁: Z = [S ln(α₁/α₀) + F ln((1−α₁)/(1−α₀))] / φ per window,
+G = max(0, G + Z), alarm at G ≥ h. With h = ln(T), Lorden's bound gives an in-control average run
+length of at least T windows (one false alarm per T windows at most, on average).
+
+**SPRT** (Wald) to verify a remedy: Λ = ΣZ until Λ ≥ ln((1−β)/a) (still collapsed) or
+Λ ≤ ln(β/(1−a)) (recovered), with a = P(called collapsed | recovered), β = P(called recovered |
+still collapsed).
+
+Pure arithmetic, no dependencies: the daemon's detector and the actions' checks share it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+# α̂ at 0 or 1 makes the log-likelihood ratio infinite: the in-control and shifted values are kept
+# this far inside (0, 1).
+EDGE = 1e-3
+# Siegmund's correction of the threshold for the overshoot of a normal random walk.
+SIEGMUND_OVERSHOOT = 1.166
+
+
+def chain_trials(accepted: float, drafts: float, full: float) -> tuple[float, float]:
+    """(S, F): accepted tokens, and drafts that ended in a rejection (``full``: drafts whose k
+    tokens were all accepted, vLLM's per_pos[k-1])."""
+    return accepted, max(0.0, drafts - full)
+
+
+def alpha_hat(successes: float, failures: float) -> float | None:
+    """The chain model's maximum-likelihood α: S / (S + F); None without trials."""
+    trials = successes + failures
+    return successes / trials if trials > 0 else None
+
+
+def vllm_rate(alpha: float, k: int) -> float:
+    """vLLM's acceptance rate (accepted / draft tokens) for per-token acceptance α at k draft tokens."""
+    if alpha >= 1.0:
+        return 1.0
+    return alpha * (1 - alpha**k) / (k * (1 - alpha))
+
+
+def alpha_for_rate(rate: float, k: int) -> float:
+    """The per-token α whose vLLM acceptance rate at k is ``rate`` (the inverse of ``vllm_rate``,
+    which rises with α): bisection to 1e-12."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"an acceptance rate is in [0, 1], got {rate!r}")
+    low, high = 0.0, 1.0
+    while high - low > 1e-12:
+        middle = (low + high) / 2
+        if vllm_rate(middle, k) < rate:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def inside(alpha: float) -> float:
+    return min(1.0 - EDGE, max(EDGE, alpha))
+
+
+def llr(successes: float, failures: float, alpha0: float, alpha1: float) -> float:
+    """ln of the likelihood of α₁ over α₀ for a window of S successes and F failures."""
+    a0, a1 = inside(alpha0), inside(alpha1)
+    return successes * math.log(a1 / a0) + failures * math.log((1 - a1) / (1 - a0))
+
+
+def threshold(windows: float) -> float:
+    """h = ln(T): by Lorden's bound, at most one false alarm per T windows on average."""
+    if windows <= 1:
+        raise ValueError("the false-alarm target must span more than one window")
+    return math.log(windows)
+
+
+def siegmund_arl(drift: float, reference: float, h: float) -> float:
+    """Siegmund's approximation of the average run length of a CUSUM on unit-variance normal
+    increments with mean ``drift``, reference value ``reference`` and threshold ``h``."""
+    delta = drift - reference
+    b = h + SIEGMUND_OVERSHOOT
+    if abs(delta) < 1e-9:
+        return b * b
+    return (math.exp(-2 * delta * b) + 2 * delta * b - 1) / (2 * delta * delta)
+
+
+def llr_arl0(trials: float, alpha0: float, alpha1: float, phi: float, h: float) -> float:
+    """The in-control run length Siegmund's approximation predicts for this module's CUSUM with
+    ``trials`` per window and dispersion ``phi``: the window's Z, standardised, is a normal walk."""
+    a0, a1 = inside(alpha0), inside(alpha1)
+    per_success, per_failure = math.log(a1 / a0), math.log((1 - a1) / (1 - a0))
+    mean = trials * (a0 * per_success + (1 - a0) * per_failure) / phi
+    # Var(S) = φ N α(1−α) and F = N − S: Z = (S (ln a − ln b) + N ln b) / φ.
+    sd = math.sqrt(phi * trials * a0 * (1 - a0)) * abs(per_success - per_failure) / phi
+    return siegmund_arl(mean / sd, 0.0, h / sd)
+
+
+@dataclass
+class Dispersion:
+    """Sufficient statistics of in-control windows for α̂ and Pearson's φ = χ² / (W − 1)."""
+
+    windows: int = 0
+    successes: float = 0.0
+    trials: float = 0.0
+    square: float = 0.0  # Σ S_w² / N_w
+
+    def add(self, successes: float, trials: float) -> None:
+        if trials <= 0:
+            return
+        self.windows += 1
+        self.successes += successes
+        self.trials += trials
+        self.square += successes * successes / trials
+
+    @property
+    def alpha(self) -> float | None:
+        return self.successes / self.trials if self.trials > 0 else None
+
+    @property
+    def phi(self) -> float | None:
+        """χ² / df, at least 1 (fewer than 2 windows: unknown). Σ (S_w − α̂ N_w)² / N_w expands to
+        Σ S_w²/N_w − α̂ Σ S_w, since α̂ Σ N_w = Σ S_w."""
+        alpha = self.alpha
+        if self.windows < 2 or alpha is None:
+            return None
+        variance = alpha * (1 - alpha)
+        if variance <= 0:  # every token accepted (or none): no spread to measure, none assumed
+            return 1.0
+        chi2 = max(0.0, self.square - alpha * self.successes) / variance
+        return max(1.0, chi2 / (self.windows - 1))
+
+    def to_json(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Dispersion:
+        if not isinstance(raw, dict):
+            return cls()
+        return cls(
+            windows=int(raw.get("windows", 0)),
+            successes=float(raw.get("successes", 0.0)),
+            trials=float(raw.get("trials", 0.0)),
+            square=float(raw.get("square", 0.0)),
+        )
+
+
+def cusum_step(g: float, z: float, cap: float) -> float:
+    """G after one window: max(0, G + Z), held at ``cap``: once it alarms, G cannot climb without
+    bound, so that falling back below h takes about as much in-control evidence as it took
+    out-of-control evidence to alarm."""
+    return min(cap, max(0.0, g + z))
+
+
+class Decision(StrEnum):
+    RECOVERED = "recovered"
+    COLLAPSED = "collapsed"
+    UNDECIDED = "undecided"
+
+
+@dataclass(frozen=True)
+class Sprt:
+    """Wald's sequential probability ratio test of α₀ (recovered) against α₁ (still collapsed)."""
+
+    alpha0: float
+    alpha1: float
+    phi: float = 1.0
+    false_recovery: float = 0.01  # P(called recovered | still collapsed)
+    false_collapse: float = 0.05  # P(called collapsed | recovered)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha1 < self.alpha0 < 1:
+            raise ValueError(f"need 0 < shift_to ({self.alpha1}) < in_control ({self.alpha0}) < 1")
+        for name in ("false_recovery", "false_collapse"):
+            if not 0 < getattr(self, name) < 0.5:
+                raise ValueError(f"{name} is an error rate in (0, 0.5)")
+        if self.phi < 1:
+            raise ValueError("phi is at least 1")
+
+    @property
+    def upper(self) -> float:
+        """Λ at or above this: still collapsed."""
+        return math.log((1 - self.false_recovery) / self.false_collapse)
+
+    @property
+    def lower(self) -> float:
+        """Λ at or below this: recovered."""
+        return math.log(self.false_recovery / (1 - self.false_collapse))
+
+    def evidence(self, successes: float, failures: float) -> float:
+        return llr(successes, failures, self.alpha0, self.alpha1) / self.phi
+
+    def decide(self, total: float) -> Decision:
+        if total >= self.upper:
+            return Decision.COLLAPSED
+        if total <= self.lower:
+            return Decision.RECOVERED
+        return Decision.UNDECIDED
