@@ -35,6 +35,7 @@ class Kind(StrEnum):
     RATE = "rate"  # per-second rate of a counter
     POSITIONS = "positions"  # how many distinct `position` values a counter has (per engine, max)
     SPEEDUP = "speedup"  # derived: mean acceptance length / (1 + k c), computed by the evaluation
+    CHAIN = "chain"  # the chain model's per-token acceptance: accepted / (accepted + drafts - full drafts)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class Signal:
     combine: str = "sum"  # GAUGE: how per-series averages combine within a group (max | sum)
     domain: tuple[float, float] = (0.0, math.inf)  # the values a vLLM can give, bounds included
     inputs: tuple[str, ...] = ()  # SPEEDUP: the signals it is computed from
+    # CHAIN: the per-position counter (its last position counts the drafts accepted whole) and the
+    # draft-token counter (drafts shorter than k make the estimate biased: checked, never hidden).
+    per_position: Metric | None = None
+    draft_tokens: Metric | None = None
 
     def groups(self, group_by: Sequence[str], keep_intrinsic: bool = True) -> list[str]:
         """The labels a result keeps: ``group_by``, plus the intrinsic ones unless told otherwise."""
@@ -128,6 +133,9 @@ class Signal:
             return _or(parts)
         if self.kind is Kind.RATE:
             return _sum_rate(self.metric, rng, groups, sel)
+        if self.kind is Kind.CHAIN:
+            chain = self.chain_promql(window, group_by, match, keep_intrinsic)
+            return f"{chain['successes']} / (({chain['trials']}) > 0)"
         if self.kind is Kind.POSITIONS:
             # Positions per engine of each server, then the most any engine of the group has.
             inner = ", ".join(_unique(["instance", "engine", *groups]))
@@ -135,6 +143,47 @@ class Signal:
             parts = [f"max by ({by}) (count by ({inner}) ({name}{sel}))" for name in self.metric.names]
             return _or(parts)
         raise ValueError(f"{self.name} is derived from {', '.join(self.inputs)}: it is not one PromQL query")
+
+
+    def chain_promql(
+        self,
+        window: float,
+        group_by: Sequence[str],
+        match: Sequence[Matcher] = (),
+        keep_intrinsic: bool = True,
+    ) -> dict[str, str]:
+        """The PromQL of a CHAIN signal's parts, per second: ``successes`` (S: accepted tokens),
+        ``trials`` (S + F, F = drafts - drafts accepted whole), ``draft_tokens`` and
+        ``expected_tokens`` (drafts x k, engine by engine: equal unless drafts are shorter than k).
+
+        The drafts accepted whole are the last position's count, and so the smallest: vLLM counts
+        position i only when 0..i were all accepted, so the counts fall with the position and
+        ``min without (position)`` is the last one, whatever k is.
+        """
+        assert self.kind is Kind.CHAIN and self.denominator is not None
+        assert self.per_position is not None and self.draft_tokens is not None
+        rng = format_duration(window)
+        groups = self.groups(group_by, keep_intrinsic)
+        sel = _without(match, "position")
+        successes = _sum_rate(self.metric, rng, groups, sel)
+        drafts = _sum_rate(self.denominator, rng, groups, sel)
+        by = ", ".join(groups)
+        full = _or(
+            [f"sum by ({by}) (min without (position) (rate({n}{sel}[{rng}])))" for n in self.per_position.names]
+        )
+        expected = _or(
+            [
+                f"sum by ({by}) (rate({d}{sel}[{rng}]) * count without (position) ({n}{sel}))"
+                for d in self.denominator.names
+                for n in self.per_position.names
+            ]
+        )
+        return {
+            "successes": successes,
+            "trials": f"{successes} + {drafts} - {full}",
+            "draft_tokens": _sum_rate(self.draft_tokens, rng, groups, sel),
+            "expected_tokens": expected,
+        }
 
 
 def _unique(items: Sequence[str]) -> list[str]:
@@ -213,6 +262,24 @@ _SIGNALS: tuple[Signal, ...] = (
         requires_speculation=True,
         notes=("vLLM's draft acceptance rate: below the paper's per-token alpha when k > 1",),
         domain=(0.0, 1.0),
+    ),
+    Signal(
+        name="token_acceptance",
+        description="Per-token acceptance of the chain model: accepted / (accepted + drafts that ended "
+        "in a rejection); the same at every k",
+        unit="ratio",
+        kind=Kind.CHAIN,
+        metric=SPEC_ACCEPTED,
+        denominator=SPEC_DRAFTS,
+        per_position=SPEC_ACCEPTED_PER_POS,
+        draft_tokens=SPEC_DRAFT_TOKENS,
+        requires_speculation=True,
+        domain=(0.0, 1.0),
+        notes=(
+            "alpha-hat = S / (S + F): S accepted tokens, F drafts minus the last position's count; "
+            "vLLM's acceptance_rate is alpha(1 - alpha^k) / (k (1 - alpha)) of it",
+            "drafts shorter than k (ngram without a long match) bias it: such a series is an error",
+        ),
     ),
     Signal(
         name="mean_acceptance_length",
@@ -338,7 +405,7 @@ def metric_names() -> set[str]:
     """Every exposition family name the catalog reads (for filtering a scrape)."""
     names: set[str] = set()
     for signal in _SIGNALS:
-        for metric in (signal.metric, signal.denominator):
+        for metric in (signal.metric, signal.denominator, signal.per_position, signal.draft_tokens):
             if metric is not None:
                 names.update(metric.names)
     return names

@@ -13,10 +13,62 @@ from rules.signals import Kind, Signal
 
 @dataclass(frozen=True)
 class Series:
-    """One value of a signal for one label set. ``value`` is never NaN (NaN means no data)."""
+    """One value of a signal for one label set. ``value`` is never NaN (NaN means no data).
+
+    ``trials``: for the chain model's acceptance, the trials behind the value over the window
+    (S + F), so that a sequential test can weigh the window by its evidence.
+    """
 
     labels: Mapping[str, str]
     value: float
+    trials: float | None = None
+
+
+# Drafts shorter than k by more than this share make the chain model's estimate biased.
+SHORT_DRAFTS_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class ChainCounts:
+    """One group's counts over a window (or per-second rates: the scale cancels in every ratio)."""
+
+    labels: Mapping[str, str]
+    successes: float  # accepted tokens
+    trials: float  # accepted tokens + drafts that ended in a rejection
+    draft_tokens: float
+    expected_tokens: float  # drafts x k, engine by engine
+
+
+def chain_result(
+    signal: Signal, counts: Sequence[ChainCounts], scale: float, warming: frozenset[str] = frozenset()
+) -> SourceResult:
+    """token_acceptance from each group's counts; ``scale`` turns them into counts over the window
+    (the window's length for per-second rates, 1 for counts). A group without trials has no data;
+    one whose drafts are shorter than k is an error, with the reason: its estimate would be biased
+    (an ngram proposer drafts fewer tokens when the prompt has no long match)."""
+    good: list[Series] = []
+    bad: list[Invalid] = []
+    for group in counts:
+        if group.trials <= 0:
+            continue
+        if group.draft_tokens < (1 - SHORT_DRAFTS_TOLERANCE) * group.expected_tokens:
+            short = 1 - group.draft_tokens / group.expected_tokens
+            bad.append(
+                Invalid(
+                    dict(group.labels),
+                    f"{signal.name} is biased here: drafts carry {short:.0%} fewer tokens than k "
+                    "(an ngram or suffix proposer drafts less when the prompt has no long match), "
+                    "so a draft cut short reads as a rejection; use acceptance_rate for this server",
+                )
+            )
+            continue
+        value = group.successes / group.trials
+        reason = signal.out_of_domain(value)
+        if reason is not None:
+            bad.append(Invalid(dict(group.labels), reason))
+        else:
+            good.append(Series(dict(group.labels), value, group.trials * scale))
+    return SourceResult(series=tuple(good), invalid=tuple(bad), warming=warming)
 
 
 @dataclass(frozen=True)

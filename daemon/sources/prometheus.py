@@ -11,8 +11,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import math
 import re
 import ssl
+import time
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -24,10 +26,10 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import Retry
 
 from daemon.redact import REDACTED, scrub, shown
-from daemon.sources.base import SourceResult
+from daemon.sources.base import ChainCounts, SourceResult, chain_result
 from rules.durations import format_duration
 from rules.matchers import Matcher
-from rules.signals import Signal
+from rules.signals import Kind, Signal
 
 # The client folds a non-200 answer into its message as ``HTTP Status Code 400 (b'...')``; the body
 # is recovered from it to show Prometheus's own errorType and error to the operator.
@@ -94,20 +96,63 @@ class PrometheusSource:
         match: Sequence[Matcher] = (),
         keep_intrinsic: bool = True,
     ) -> SourceResult:
+        if signal.kind is Kind.CHAIN:
+            return await self._chain(signal, window, group_by, match, keep_intrinsic)
         answer = await self._query(signal.promql(window, group_by, match, keep_intrinsic))
         return answer if isinstance(answer, SourceResult) else SourceResult.checked(signal, answer)
+
+    async def _chain(
+        self,
+        signal: Signal,
+        window: float,
+        group_by: Sequence[str],
+        match: Sequence[Matcher],
+        keep_intrinsic: bool,
+    ) -> SourceResult:
+        """The chain model's acceptance from its parts' rates (four queries at one evaluation
+        time); counts over the window are the rates times the window, as ``increase`` is."""
+        queries = signal.chain_promql(window, group_by, match, keep_intrinsic)
+        at = self._clock() if self._clock is not None else time.time()  # the parts see one moment
+        answers: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        labels: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+        for part, expr in queries.items():
+            answer = await self._query(expr, at)
+            if isinstance(answer, SourceResult):
+                return answer
+            answers[part] = {}
+            for series_labels, value in answer:
+                key = tuple(sorted(series_labels.items()))
+                answers[part][key] = value
+                labels.setdefault(key, series_labels)
+        counts = [
+            ChainCounts(
+                labels[key],
+                successes=successes,
+                trials=answers["trials"].get(key, 0.0),
+                draft_tokens=answers["draft_tokens"].get(key, 0.0),
+                expected_tokens=answers["expected_tokens"].get(key, 0.0),
+            )
+            for key, successes in answers["successes"].items()
+            if math.isfinite(successes)
+        ]
+        return chain_result(signal, counts, window)
 
     async def query_expr(self, expr: str) -> SourceResult:
         answer = await self._query(expr)
         return answer if isinstance(answer, SourceResult) else SourceResult.of(answer)
 
-    async def _query(self, expr: str) -> SourceResult | list[tuple[Mapping[str, str], float]]:
-        """The answer's (labels, value) pairs, or a failed result."""
+    async def _query(
+        self, expr: str, at: float | None = None
+    ) -> SourceResult | list[tuple[Mapping[str, str], float]]:
+        """The answer's (labels, value) pairs, or a failed result; evaluated at ``at`` (Unix
+        seconds; default the clock's, else Prometheus's own now)."""
         # The requests session is shared by concurrent queries; its connection pool is thread-safe.
         try:
             params = dict(self._params)
-            if self._clock is not None:
-                params["time"] = repr(self._clock())
+            if at is None and self._clock is not None:
+                at = self._clock()
+            if at is not None:
+                params["time"] = repr(at)
             result = await asyncio.to_thread(self._client.custom_query, expr, params=params)
         except _QUERY_ERRORS as exc:
             return self._failed(self._describe(exc))

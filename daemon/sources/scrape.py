@@ -35,7 +35,7 @@ import aiohttp
 
 from daemon.exposition import Labels, Snapshot, parse_exposition
 from daemon.redact import scrub, shown
-from daemon.sources.base import SourceResult
+from daemon.sources.base import ChainCounts, SourceResult, chain_result
 from rules.matchers import Matcher, all_match
 from rules.signals import Kind, Metric, Signal
 
@@ -251,14 +251,22 @@ class ScrapeSource:
         keep_intrinsic: bool = True,
     ) -> SourceResult:
         now = self._clock()
+        # The chain model's counts also take the last sample before the window: consecutive
+        # windows then share their edge sample and tile the counters, so a sequential test fed
+        # one window per evaluation sees every draft exactly once.
+        edge = signal.kind is Kind.CHAIN
         windows = {
-            self.instances[target]: [(ts, snap) for ts, snap in ring if now - window <= ts <= now]
+            self.instances[target]: _window(ring, now - window, now, edge)
             for target, ring in self._rings.items()
         }
         groups = signal.groups(group_by, keep_intrinsic)
-        result = SourceResult.checked(
-            signal, _evaluate(signal, windows, groups, tuple(match)), self.warming_up()
-        )
+        if edge:
+            counts = _chain_counts(signal, windows, groups, tuple(match))
+            result = chain_result(signal, counts, 1.0, self.warming_up())
+        else:
+            result = SourceResult.checked(
+                signal, _evaluate(signal, windows, groups, tuple(match)), self.warming_up()
+            )
         if not self.last_errors:
             return result
         errors = "; ".join(f"{shown(target)}: {error}" for target, error in self.last_errors.items())
@@ -314,6 +322,63 @@ def _evaluate(
     raise ValueError(f"{signal.name} is derived from {', '.join(signal.inputs)}: not a source query")
 
 
+def _window(ring: Iterable[tuple[float, Snapshot]], start: float, end: float, edge: bool) -> _Window:
+    """The ring's samples in [start, end]. With ``edge``: those in (start, end] after the last one
+    at or before ``start``, so that windows (a, b] and (b, c] share exactly one sample."""
+    if not edge:
+        return [(ts, snap) for ts, snap in ring if start <= ts <= end]
+    inside: _Window = []
+    before: tuple[float, Snapshot] | None = None
+    for ts, snap in ring:
+        if ts <= start:
+            before = (ts, snap)
+        elif ts <= end:
+            inside.append((ts, snap))
+    return [before, *inside] if before is not None and inside else inside
+
+
+def _chain_counts(
+    signal: Signal, windows: Mapping[str, _Window], groups: list[str], match: _Match
+) -> list[ChainCounts]:
+    """Per group: accepted tokens, trials (accepted + drafts - drafts accepted whole), draft tokens
+    and drafts x k, engine by engine, as counter increases over each target's window."""
+    assert signal.denominator is not None and signal.per_position is not None
+    assert signal.draft_tokens is not None
+    match = _without(match, "position")
+    accepted = _sum_by(_increases(windows, signal.metric, match), groups)
+    drafts_by_engine = _increases(windows, signal.denominator, match)
+    drafts = _sum_by(drafts_by_engine, groups)
+    tokens = _sum_by(_increases(windows, signal.draft_tokens, match), groups)
+    # Per engine (every label but the position): the last position's count is the smallest, and
+    # the number of positions is k.
+    full: dict[tuple[tuple[str, str], ...], float] = {}
+    positions: dict[tuple[tuple[str, str], ...], int] = {}
+    labels_of: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+    for labels, value in _increases(windows, signal.per_position, match):
+        engine = {k: v for k, v in labels.items() if k != "position"}
+        key = tuple(sorted(engine.items()))
+        full[key] = min(full.get(key, math.inf), value)
+        positions[key] = positions.get(key, 0) + 1
+        labels_of[key] = engine
+    whole = _sum_by(((labels_of[key], value) for key, value in full.items()), groups)
+    expected: dict[_Key, float] = {}
+    for labels, value in drafts_by_engine:
+        k = positions.get(tuple(sorted(labels.items())), 0)
+        group = _key(labels, groups)
+        expected[group] = expected.get(group, 0.0) + value * k
+    return [
+        ChainCounts(
+            _labels(groups, key),
+            successes=value,
+            trials=value + drafts.get(key, 0.0) - whole.get(key, 0.0),
+            draft_tokens=tokens.get(key, 0.0),
+            expected_tokens=expected.get(key, 0.0),
+        )
+        for key, value in accepted.items()
+        if drafts.get(key, 0.0) > 0
+    ]
+
+
 def instance_label(target: str) -> str:
     """``host:port`` of a target URL, as Prometheus's default ``instance`` label."""
     netloc = urlsplit(target).netloc
@@ -357,12 +422,26 @@ def _with_instance(labels: Labels, instance: str) -> dict[str, str]:
 
 
 def _rates(windows: Mapping[str, _Window], metric: Metric, match: _Match, suffix: str = "") -> list[_Item]:
+    return _counted(windows, metric, match, suffix, counter_rate)
+
+
+def _increases(windows: Mapping[str, _Window], metric: Metric, match: _Match) -> list[_Item]:
+    return _counted(windows, metric, match, "", counter_increase)
+
+
+def _counted(
+    windows: Mapping[str, _Window],
+    metric: Metric,
+    match: _Match,
+    suffix: str,
+    measure: Callable[[Sequence[_Point]], float],
+) -> list[_Item]:
     items = []
     for instance, window in windows.items():
         for labels, points in _series(window, metric, suffix).items():
             full = _with_instance(labels, instance)
             if len(points) >= 2 and all_match(match, full):  # a rate needs two samples
-                items.append((full, counter_rate(points)))
+                items.append((full, measure(points)))
     return items
 
 
@@ -404,17 +483,20 @@ def _without(match: _Match, label: str) -> _Match:
     return tuple(m for m in match if m.label != label)
 
 
-def counter_rate(points: Sequence[_Point]) -> float:
-    """Per-second increase of a counter over ``points`` (sorted, >= 2), resets included.
-
-    Computed as Prometheus does (last - first, plus the value before every decrease, a decrease
-    being a restart from 0), without Prometheus's extrapolation to the window edges.
-    """
+def counter_increase(points: Sequence[_Point]) -> float:
+    """Increase of a counter over ``points`` (sorted, >= 2), resets included: as Prometheus counts
+    it (last - first, plus the value before every decrease, a decrease being a restart from 0),
+    without Prometheus's extrapolation to the window edges."""
     increase = points[-1][1] - points[0][1]
     for (_, previous), (_, current) in pairwise(points):
         if current < previous:
             increase += previous
-    return increase / (points[-1][0] - points[0][0])
+    return increase
+
+
+def counter_rate(points: Sequence[_Point]) -> float:
+    """Per-second increase of a counter over ``points`` (sorted, >= 2), resets included."""
+    return counter_increase(points) / (points[-1][0] - points[0][0])
 
 
 def _key(labels: Mapping[str, str], groups: Sequence[str]) -> _Key:

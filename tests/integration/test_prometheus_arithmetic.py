@@ -12,6 +12,7 @@ Prometheus source answers at that same time.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -125,6 +126,18 @@ async def by_hand(
         return {tuple(sorted(server.items())): histogram_quantile(signal.quantile, signal.metric.names[0])}
     if signal.kind is Kind.POSITIONS:
         return {tuple(sorted(server.items())): 5.0}  # the capture's num_speculative_tokens
+    if signal.kind is Kind.CHAIN:
+        # S / (S + drafts - drafts accepted whole), the last being each engine's smallest
+        # per-position rate (vLLM counts positions as a prefix).
+        assert signal.denominator is not None and signal.per_position is not None
+        accepted = grouped(await rates(signal.metric.names[0]), groups, sum)
+        drafts = grouped(await rates(signal.denominator.names[0]), groups, sum)
+        whole: dict[tuple[tuple[str, str], ...], float] = {}
+        for labels, value in (await rates(signal.per_position.names[0])).items():
+            engine = tuple((k, v) for k, v in labels if k != "position")
+            whole[engine] = min(whole.get(engine, math.inf), value)
+        full = grouped(whole, groups, sum)
+        return {key: s / (s + drafts[key] - full[key]) for key, s in accepted.items()}
     raise AssertionError(signal.kind)
 
 
