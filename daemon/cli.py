@@ -404,9 +404,11 @@ def _trigger_of(item: Any, alerts: Any) -> str:
 async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = None) -> list[dict[str, Any]]:
     from daemon.evaluation import evaluate_rule
     from daemon.runtime import make_source
+    from daemon.status import detector_row
 
     source = make_source(loaded)
     rows: list[dict[str, Any]] = []
+    stored = _stored_states(loaded) if any(i.rule.detect for i in loaded.enabled_rules()) else {}
     try:
         if source.kind == "scrape":
             await source.refresh()
@@ -418,8 +420,11 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = 
                 continue
             interval = item.rule.interval or loaded.config.interval
             trigger = _trigger_of(item, alerts)
+            # A detector steps on from the daemon's own state (its calibration and evidence), read
+            # from the state database without writing it; every other rule starts from scratch.
+            previous = stored.get(item.name, {}) if item.rule.detect is not None else {}
             outcome, result = await evaluate_rule(
-                item, source, loaded.baseline, {}, now, interval, alerts=alerts, trigger=trigger
+                item, source, loaded.baseline, previous, now, interval, alerts=alerts, trigger=trigger
             )
             what = item.rule.signal or item.rule.expr or "alerts"
             base = {"rule": item.name, "signal": what, "trigger": trigger}
@@ -447,11 +452,28 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = 
                         "state": series.state.value,
                         "verdict": outcome.verdicts[key].value,
                         "error": series.error,
+                        **detector_row(item.rule.detect, series, interval),
                     }
                 )
     finally:
         await source.close()
     return rows
+
+
+def _stored_states(loaded: Any) -> dict[str, Any]:
+    """The daemon's rule states from its state database, read-only; none when there is none."""
+    import contextlib
+    import sqlite3
+
+    from daemon.runtime import STORE_FILE
+    from daemon.store import load_states_read_only
+
+    path = loaded.config.resolved_state_dir() / STORE_FILE
+    if not path.is_file():
+        return {}
+    with contextlib.suppress(sqlite3.Error):
+        return load_states_read_only(path)
+    return {}
 
 
 def _number(value: float | None) -> str:
@@ -489,8 +511,23 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         )
     _print_columns(table)
     for row in rows:
+        detector = row.get("detector")
+        if detector:
+            print(f"{row['rule']}: {_detector_line(detector)}")
+    for row in rows:
         if row.get("error"):
             print(f"{row['rule']}: {row['error']}", file=sys.stderr)
+
+
+def _detector_line(d: Mapping[str, Any]) -> str:
+    """``CUSUM G 3.1 of h 12.47; phi 8.2; acceptance 0.75 -> 0.45; last window 0.74 over 1,930 trials``."""
+    parts = [f"CUSUM G {_number(d['g'])} of h {_number(d['h'])}", f"phi {_number(d['phi'])}"]
+    parts.append(f"acceptance {_number(d['in_control'])} -> {_number(d['shift_to'])}")
+    if d.get("window_alpha") is not None:
+        parts.append(f"last window {_number(d['window_alpha'])} over {d['window_trials']:,.0f} trials")
+    if d.get("warming_up"):
+        parts.append(f"warming up ({d['warmup']})")
+    return "; ".join(parts)
 
 
 def _run_cell(run: dict[str, Any]) -> str:

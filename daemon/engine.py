@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 from daemon.sources.base import SourceResult
 from rules.conditions import Condition
@@ -84,6 +85,9 @@ class SeriesState:
     last_data: float | None = None  # last evaluation that had a value for the series
     last_seen: float | None = None  # last evaluation whose source knew the series
     moved_by: str | None = None  # the trigger of the evaluation that last changed the state
+    # A sequential detector's own state (its statistic, warm-up and calibration; JSON values),
+    # kept with the series so that it survives restarts; None for threshold rules.
+    detector: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from daemon import detection
 from daemon.alertmanager.book import AlertBook, Receipt
 from daemon.baseline import Baseline
 from daemon.engine import (
@@ -28,23 +29,35 @@ from rules.conditions import MissingBaseline
 from rules.signals import CATALOG, Kind, Signal, get_signal
 
 FORGET_AFTER_WINDOWS = 5  # a series absent for 5 windows is forgotten, unless the rule says otherwise
+DETECTOR_FORGET_AFTER = 7 * 86400.0  # a detector's series: a week
 
 
 def spec_of(item: LoadedRule, interval: float) -> RuleSpec:
     rule = item.rule
+    every = rule.interval or interval
+    window = window_of(item, interval)
+    forget_after = FORGET_AFTER_WINDOWS * window
+    if rule.detect is not None:
+        # A detector's series keeps its calibration: forgetting it after a quiet spell (traffic
+        # moved to the fallback) would mean another warm-up.
+        forget_after = max(forget_after, DETECTOR_FORGET_AFTER)
     return RuleSpec(
         name=rule.name,
-        condition=rule.test,
+        condition=rule.test if rule.detect is None else detection.condition_of(rule.detect, every),
         for_seconds=rule.for_,
         keep_firing_for=rule.keep_firing_for,
         consecutive=rule.consecutive,
         no_data=rule.no_data,
         # Data normally comes every interval; a longer silence than a window on top of that is a gap.
-        max_gap=rule.window + (rule.interval or interval),
-        forget_after=rule.forget_after
-        if rule.forget_after is not None
-        else FORGET_AFTER_WINDOWS * rule.window,
+        max_gap=window + every,
+        forget_after=rule.forget_after if rule.forget_after is not None else forget_after,
     )
+
+
+def window_of(item: LoadedRule, interval: float) -> float:
+    """The window a rule reads: its own, or for a detector one interval (a window per evaluation)."""
+    rule = item.rule
+    return (rule.interval or interval) if rule.detect is not None else rule.window
 
 
 def thresholds(item: LoadedRule, baseline: Baseline | None) -> Threshold | ThresholdFor:
@@ -75,18 +88,13 @@ def thresholds(item: LoadedRule, baseline: Baseline | None) -> Threshold | Thres
 
 
 async def read_signal(
-    item: LoadedRule, signal: Signal, source: Source, baseline: Baseline | None
+    item: LoadedRule, signal: Signal, source: Source, baseline: Baseline | None, window: float
 ) -> SourceResult:
-    """The rule's signal over its window, grouped and selected as the rule says."""
-    rule = item.rule
+    """The rule's signal over ``window``, grouped and selected as the rule says."""
     if signal.kind is not Kind.SPEEDUP:
-        return await source.query_signal(
-            signal, rule.window, item.group_by, item.matchers, item.keep_intrinsic
-        )
+        return await source.query_signal(signal, window, item.group_by, item.matchers, item.keep_intrinsic)
     length, positions = [
-        await source.query_signal(
-            CATALOG[name], rule.window, item.group_by, item.matchers, item.keep_intrinsic
-        )
+        await source.query_signal(CATALOG[name], window, item.group_by, item.matchers, item.keep_intrinsic)
         for name in signal.inputs
     ]
     return speedup(signal, length, positions, baseline)
@@ -132,12 +140,16 @@ NO_ALERTS = (
 )
 
 
-async def query(item: LoadedRule, source: Source, baseline: Baseline | None = None) -> SourceResult:
+async def query(
+    item: LoadedRule, source: Source, baseline: Baseline | None = None, interval: float | None = None
+) -> SourceResult:
+    """The rule's query over its window (a detector's: one ``interval``, the config's by default)."""
     rule = item.rule
     if rule.expr is not None:
         return await source.query_expr(rule.expr)
     assert rule.signal is not None
-    return await read_signal(item, get_signal(rule.signal), source, baseline)
+    window = window_of(item, interval if interval is not None else rule.window)
+    return await read_signal(item, get_signal(rule.signal), source, baseline, window)
 
 
 def evaluate_alert_rule(
@@ -199,6 +211,16 @@ async def evaluate_rule(
             failed = SourceResult.failed(NO_ALERTS)
             return evaluate(spec_of(item, interval), failed, 0.0, previous, now, trigger), failed
         return evaluate_alert_rule(item, alerts, previous, now, interval, trigger, touched), SourceResult()
+    detect = item.rule.detect
+    if detect is not None:
+        every = item.rule.interval or interval
+        answer = await query(item, source, baseline, every)
+        judged = detection.judge(detect, every, answer, previous, baseline)
+        h = detection.h_of(detect, every)
+        outcome = evaluate(spec_of(item, interval), judged.result, h, previous, now, trigger)
+        return detection.settle(outcome, judged, previous, now), answer
     threshold = thresholds(item, baseline)
-    result = await query(item, source, baseline) if not isinstance(threshold, str) else SourceResult()
+    result = (
+        await query(item, source, baseline, interval) if not isinstance(threshold, str) else SourceResult()
+    )
     return evaluate(spec_of(item, interval), result, threshold, previous, now, trigger), result

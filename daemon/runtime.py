@@ -26,7 +26,7 @@ from daemon.alertmanager.receiver import make_handler
 from daemon.config import Config
 from daemon.dispatch import Dispatcher, ladder, silences
 from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
-from daemon.evaluation import evaluate_rule
+from daemon.evaluation import evaluate_rule, window_of
 from daemon.loading import Loaded, LoadedRule, load
 from daemon.selfmetrics import DaemonMetrics
 from daemon.server import Webhook, start_server
@@ -86,16 +86,19 @@ def make_history_source(config: Config) -> Any:
     )  # fmt: skip
 
 
+def _windows(loaded: Loaded) -> list[float]:
+    """The window each enabled rule reads (a detector's is its interval)."""
+    return [window_of(r, loaded.config.interval) for r in loaded.enabled_rules()] or [300.0]
+
+
 def retention_for(loaded: Loaded) -> float:
     """How long the scrape source must keep samples: the longest window, plus slack."""
-    windows = [r.rule.window for r in loaded.enabled_rules()] or [300.0]
-    return max(windows) + 2 * loaded.config.interval + 30
+    return max(_windows(loaded)) + 2 * loaded.config.interval + 30
 
 
 def scrape_every(loaded: Loaded) -> float:
     """Scrape often enough that every window holds several samples."""
-    windows = [r.rule.window for r in loaded.enabled_rules()] or [300.0]
-    return max(1.0, min(loaded.config.interval, min(windows) / 4))
+    return max(1.0, min(loaded.config.interval, min(_windows(loaded)) / 4))
 
 
 class Daemon:
@@ -830,7 +833,13 @@ class Daemon:
         }
 
     def rule_rows(self) -> list[dict[str, Any]]:
-        return rule_rows(self.loaded.enabled_rules(), self.states, self.rule_errors, self.rule_verdicts)
+        return rule_rows(
+            self.loaded.enabled_rules(),
+            self.states,
+            self.rule_errors,
+            self.rule_verdicts,
+            self.loaded.config.interval,
+        )
 
 
 def _alert_trigger(receipts: Sequence[Receipt]) -> str:

@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from daemon import __version__
+from daemon.detection import shown
 from daemon.engine import SeriesState, State
 from daemon.loading import LoadedRule
 from rules.durations import format_duration
+from rules.schema import Detect
 
 # A round is late when it has not happened for this many of its intervals (at least MIN_STALL).
 STALL_INTERVALS = 3
@@ -47,12 +49,16 @@ def rule_rows(
     states: Mapping[str, Mapping[str, SeriesState]],
     errors: Mapping[str, str | None],
     verdicts: Mapping[str, tuple[str, str | None]] | None = None,
+    interval: float = 15.0,
 ) -> list[dict[str, Any]]:
     """One row per series of every enabled rule (one row for a rule without series, with the
-    verdict of its last evaluation and why: an error, warming up, no data and the scrape errors)."""
+    verdict of its last evaluation and why: an error, warming up, no data and the scrape errors).
+    A detector's rows carry its statistic G, threshold h and dispersion φ (``interval``: the
+    config's, for the rules without their own)."""
     rows: list[dict[str, Any]] = []
     for item in rules:
         rule = item.rule
+        every = rule.interval or interval
         common = {
             "rule": rule.name,
             "signal": rule.signal,
@@ -90,6 +96,7 @@ def rule_rows(
                     "since": series.since,
                     "moved_by": series.moved_by,
                     "error": series.error or common["error"],
+                    **detector_row(rule.detect, series, every),
                 }
             )
     return rows
@@ -117,3 +124,10 @@ def status_line(rows: list[dict[str, Any]], targets: list[dict[str, object]], st
     if store_error is not None:
         parts.append("STORE FAILING: " + " ".join(store_error.split())[:120])
     return "; ".join(parts)
+
+
+def detector_row(detect: Detect | None, series: SeriesState, interval: float) -> dict[str, Any]:
+    """``{"detector": {g, h, phi, ...}}`` for a detector's series, else nothing."""
+    if detect is None:
+        return {}
+    return {"detector": shown(series, detect, interval)}

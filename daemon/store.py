@@ -33,7 +33,7 @@ class StoreError(Exception):
     """The store cannot be read or written; the message names the file and the reason."""
 
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Columns each schema version added to a table, so an older database is brought up to date.
 _COLUMNS_SINCE = {
     2: (
@@ -44,6 +44,7 @@ _COLUMNS_SINCE = {
     3: (("events", "trigger TEXT NOT NULL DEFAULT 'schedule'"), ("series_state", "moved_by TEXT")),
     4: (("action_runs", "mode TEXT NOT NULL DEFAULT 'run'"), ("action_runs", "not_before REAL")),
     5: (("events", "since REAL"),),
+    7: (("series_state", "detector TEXT"),),
 }
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -51,7 +52,7 @@ CREATE TABLE IF NOT EXISTS series_state (
     rule TEXT NOT NULL, series TEXT NOT NULL, labels TEXT NOT NULL, state TEXT NOT NULL,
     since REAL, breach_since REAL, last_breach REAL, consecutive INTEGER NOT NULL,
     verdict TEXT, value REAL, threshold REAL, error TEXT, last_eval REAL,
-    ok_since REAL, last_data REAL, last_seen REAL, moved_by TEXT,
+    ok_since REAL, last_data REAL, last_seen REAL, moved_by TEXT, detector TEXT,
     PRIMARY KEY (rule, series)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -542,6 +543,14 @@ def _rows(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[dic
     return [dict(row) for row in db.execute(sql, params)]
 
 
+def load_states_read_only(path: Path) -> dict[str, dict[str, SeriesState]]:
+    """Every rule's series states from the database at ``path``, opened read-only (``eval``
+    reads a running daemon's detectors this way, never writing). Raises sqlite3.Error."""
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        db.row_factory = sqlite3.Row
+        return _load_states(db)
+
+
 def _load_states(db: sqlite3.Connection) -> dict[str, dict[str, SeriesState]]:
     out: dict[str, dict[str, SeriesState]] = {}
     for row in db.execute("SELECT * FROM series_state"):
@@ -561,6 +570,8 @@ def _load_states(db: sqlite3.Connection) -> dict[str, dict[str, SeriesState]]:
             last_data=row["last_data"],
             last_seen=row["last_seen"],
             moved_by=row["moved_by"],
+            # An older database read without its upgrade (eval, read-only) has no detector column.
+            detector=json.loads(row["detector"]) if "detector" in row.keys() and row["detector"] else None,  # noqa: SIM118 (a Row's `in` looks at values)
         )
     return out
 
@@ -585,7 +596,7 @@ def _commit(
         db.executemany(
             "INSERT OR REPLACE INTO series_state (rule, series, labels, state, since, breach_since, last_breach, "
             "consecutive, verdict, value, threshold, error, last_eval, ok_since, last_data, last_seen, "
-            "moved_by) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "moved_by, detector) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (
                     rule,
@@ -605,6 +616,7 @@ def _commit(
                     s.last_data,
                     s.last_seen,
                     s.moved_by,
+                    json.dumps(dict(s.detector), sort_keys=True) if s.detector is not None else None,
                 )
                 for key, s in states.items()
             ],

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -98,6 +99,57 @@ class AlertMatch(BaseModel):
 # An alert rule's series breaches while at least one of its alerts fires (its value is how many do).
 ALERT_CONDITION = parse_condition("> 0")
 
+# The only signal a sequential detector reads: its likelihood is the chain model's.
+DETECT_SIGNAL = "token_acceptance"
+
+
+def _probability(value: float | None, name: str) -> None:
+    if value is not None and not 0 < value < 1:
+        raise ValueError(f"{name} is a per-token acceptance in (0, 1), got {value!r}")
+
+
+class Detect(BaseModel):
+    """``detect:``: a one-sided CUSUM on the chain model's per-token acceptance, instead of a
+    threshold. It fires when the evidence that acceptance fell from ``in_control`` to ``shift_to``
+    (or by ``drop``) reaches h = ln(false_alarm_every / interval), so that in-control traffic
+    raises at most one false alarm per ``false_alarm_every`` on average (Lorden's bound)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["cusum"] = "cusum"
+    # α0: a number, the baseline file's token_acceptance for the series' model, or learned over
+    # the warm-up.
+    in_control: float | Literal["learn", "baseline"] = "learn"
+    shift_to: float | None = None  # α1, the level to detect
+    drop: float | None = None  # or α1 = α0 - drop
+    false_alarm_every: Duration = Field(30 * 86400.0, gt=0)
+    # Windows of traffic, taken as in control, that estimate the overdispersion φ (and α0 when
+    # learned) before the detector judges; kept in the store across restarts.
+    warmup: Duration = Field(3600.0, gt=0)
+    min_trials: int = Field(100, ge=1)  # a window with fewer trials (S + F) is no data
+    phi: float | None = Field(None, ge=1)  # fixed overdispersion instead of the warm-up's estimate
+
+    @model_validator(mode="after")
+    def _shift(self) -> Detect:
+        if (self.shift_to is None) == (self.drop is None):
+            raise ValueError("give one of `shift_to` (the acceptance to detect) or `drop` (how far it falls)")
+        _probability(self.shift_to, "shift_to")
+        _probability(self.drop, "drop")
+        if isinstance(self.in_control, float | int):
+            _probability(float(self.in_control), "in_control")
+            alpha1 = self.shift_to if self.shift_to is not None else float(self.in_control) - (self.drop or 0)
+            if alpha1 >= self.in_control or alpha1 <= 0:
+                raise ValueError(
+                    f"the shifted acceptance ({alpha1:g}) must lie below in_control ({self.in_control:g}) "
+                    "and above 0"
+                )
+        return self
+
+    def describe(self) -> str:
+        start = self.in_control if isinstance(self.in_control, str) else f"{self.in_control:g}"
+        shift = f"to {self.shift_to:g}" if self.shift_to is not None else f"by {self.drop:g}"
+        return f"CUSUM: acceptance {start} falling {shift}"
+
 
 class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -125,6 +177,8 @@ class Rule(BaseModel):
     # Alertmanager alerts: the rule's only input (an alert rule), or a trigger that evaluates the
     # rule's signal at once, besides its schedule.
     alert: AlertMatch | None = None
+    # A sequential test instead of a condition (token_acceptance only); its window is the interval.
+    detect: Detect | None = None
 
     @field_validator("name")
     @classmethod
@@ -185,7 +239,10 @@ class Rule(BaseModel):
 
     @property
     def test(self) -> Condition:
-        """What a series is compared with: the condition, or "firing alerts > 0" for an alert rule."""
+        """What a series is compared with: the condition, "firing alerts > 0" for an alert rule, or
+        "G >= h" for a detector (h comes with the interval: ``daemon.detection`` sets it)."""
+        if self.detect is not None:
+            return Condition(op=">=", constant=math.inf, text=f"{self.detect.describe()}: G >= h")
         return self.condition if self.condition is not None else ALERT_CONDITION
 
     def takes_alert(self, labels: Mapping[str, str], status: str) -> bool:
@@ -218,6 +275,18 @@ class Rule(BaseModel):
                 )
             if self.match:
                 raise ValueError("an alert rule selects alerts with `alert.match`, not `match`")
+        elif self.detect is not None:
+            if self.signal != DETECT_SIGNAL:
+                raise ValueError(
+                    f"`detect` reads the chain model's acceptance: give `signal: {DETECT_SIGNAL}`"
+                )
+            if self.condition is not None:
+                raise ValueError("give `condition` (a threshold) or `detect` (a sequential test), not both")
+            if "window" in self.model_fields_set:
+                raise ValueError(
+                    "a detector takes one window per evaluation: its window is its `interval`, "
+                    "so leave `window` out"
+                )
         elif self.condition is None:
             raise ValueError("a rule with a signal or expr needs a `condition`, e.g. '< 0.5'")
         return self

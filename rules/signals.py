@@ -144,7 +144,6 @@ class Signal:
             return _or(parts)
         raise ValueError(f"{self.name} is derived from {', '.join(self.inputs)}: it is not one PromQL query")
 
-
     def chain_promql(
         self,
         window: float,
@@ -169,7 +168,10 @@ class Signal:
         drafts = _sum_rate(self.denominator, rng, groups, sel)
         by = ", ".join(groups)
         full = _or(
-            [f"sum by ({by}) (min without (position) (rate({n}{sel}[{rng}])))" for n in self.per_position.names]
+            [
+                f"sum by ({by}) (min without (position) (rate({n}{sel}[{rng}])))"
+                for n in self.per_position.names
+            ]
         )
         expected = _or(
             [

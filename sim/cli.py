@@ -162,6 +162,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "about what EAGLE reports between T=0 and T=1; 1.5 mimics a random self-draft)",
     )
     model.add_argument(
+        "--acceptance-spread",
+        type=float,
+        metavar="SD",
+        help="standard deviation of a request's own acceptance around the configured one (a Beta per "
+        "request; default 0: every request alike). Real traffic differs by request, so a window's "
+        "tokens are not independent: 0.1 is a plausible mix",
+    )
+    model.add_argument(
         "--step-time", type=float, metavar="SECONDS", help="target model step time at batch 1 (default: 0.02)"
     )
     model.add_argument(

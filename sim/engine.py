@@ -136,6 +136,7 @@ class _Request:
         self.needs_prefill = True
         self.cached_tokens = 0  # prompt tokens the prefix cache holds for the coming prefill
         self.outputs: asyncio.Queue[StepOutput | None] = asyncio.Queue()
+        self.acceptance_factor = 1.0  # this request's acceptance over the configured one
 
     @property
     def held_tokens(self) -> int:
@@ -326,6 +327,9 @@ class Engine:
             request = _Request(record, eos_at, "stop", TokenText(text_rng), hashes)
         else:
             request = _Request(record, max_tokens, "length", TokenText(text_rng), hashes)
+        request.acceptance_factor = model.request_factor(
+            self._rng, self._acceptance[0], self.options.acceptance_spread
+        )
         self._unfinished.add(request)
         self._records.append(record)
         self._waiting.append(request)
@@ -439,7 +443,7 @@ class Engine:
                     self.prefix_cache.insert(request.block_hashes, self._free_blocks())
             else:
                 draft_tokens = self.k
-                accepted = self._sample(record.temperature) if self.k else 0
+                accepted = self._sample(record.temperature, request.acceptance_factor) if self.k else 0
             tokens = min(1 + accepted, request.stop_at - record.completion_tokens)
             done = record.completion_tokens + tokens >= request.stop_at
             pieces = [request.text.next() for _ in range(tokens)]
@@ -466,10 +470,12 @@ class Engine:
             self._running.remove(request)
             self._finish(request, reason, wall)
 
-    def _sample(self, temperature: float) -> int:
+    def _sample(self, temperature: float, factor: float = 1.0) -> int:
         conditional = model.acceptance_at(
             self._acceptance, self.k, temperature, self.options.temperature_decay
         )
+        if factor != 1.0:
+            conditional = [min(1.0, a * factor) for a in conditional]
         return model.sample_accepted(self._rng, conditional)
 
     def _count(self, step: StepRecord) -> None:

@@ -22,6 +22,29 @@ def acceptance_at(base: Sequence[float], k: int, temperature: float, decay: floa
     return [min(1.0, max(0.0, base[min(i, len(base) - 1)] * factor)) for i in range(k)]
 
 
+def beta_parameters(mean: float, spread: float) -> tuple[float, float]:
+    """Beta(a, b) with this mean and standard deviation. Raises ValueError when no Beta has them
+    (the spread must stay below sqrt(mean (1 - mean)))."""
+    if not 0 < mean < 1 or spread <= 0 or spread * spread >= mean * (1 - mean):
+        raise ValueError(
+            f"no Beta distribution has mean {mean:g} and spread {spread:g}: the spread must be "
+            f"above 0 and below sqrt(mean (1 - mean)) = {math.sqrt(max(mean * (1 - mean), 0.0)):.3f}"
+        )
+    concentration = mean * (1 - mean) / (spread * spread) - 1
+    return mean * concentration, (1 - mean) * concentration
+
+
+def request_factor(rng: random.Random, mean: float, spread: float) -> float:
+    """How much one request's acceptance differs from the configured level: its own level, drawn
+    from a Beta with mean ``mean`` and standard deviation ``spread``, over ``mean``. Requests differ
+    (prompt, domain, sampling), which is why a window's tokens are not independent trials; 1.0
+    (every request alike) without a spread."""
+    if spread <= 0 or not 0 < mean < 1:
+        return 1.0
+    a, b = beta_parameters(mean, spread)
+    return rng.betavariate(a, b) / mean
+
+
 def sample_accepted(rng: random.Random, conditional: Sequence[float]) -> int:
     """Accepted draft tokens in one step: positions are tried in order until one is rejected."""
     accepted = 0

@@ -107,6 +107,9 @@ class SimOptions:
     # probability given 0..i-1 were. Shorter than k: the last value repeats; longer: the rest unused.
     acceptance_by_position: list[float] = field(default_factory=lambda: [DEFAULT_ACCEPTANCE])
     temperature_decay: float = DEFAULT_TEMPERATURE_DECAY  # acceptance(T) = a * exp(-decay * T)
+    # Standard deviation of a request's own acceptance around the configured level (position 0's),
+    # a Beta per request; its other positions scale with it. 0: every request alike.
+    acceptance_spread: float = 0.0
     step_time: float = 0.02  # seconds per target-model step at batch 1
     draft_cost: float = 0.05  # c: draft step / target step (Leviathan: "always less than 0.05")
     batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN  # step time grows this much per extra request
@@ -132,6 +135,16 @@ class SimOptions:
         _check(
             _finite(self.temperature_decay) and self.temperature_decay >= 0, "temperature decay must be >= 0"
         )
+        _check(
+            _finite(self.acceptance_spread) and self.acceptance_spread >= 0, "acceptance spread must be >= 0"
+        )
+        if self.acceptance_spread > 0:
+            from sim.model import beta_parameters
+
+            try:
+                beta_parameters(self.acceptance_by_position[0], self.acceptance_spread)
+            except ValueError as exc:
+                raise OptionsError(f"acceptance spread: {exc}") from None
         _check(_finite(self.step_time) and self.step_time > 0, "step time must be > 0 seconds")
         _check(_finite(self.draft_cost) and self.draft_cost >= 0, "draft cost must be >= 0")
         _check(_finite(self.batch_slowdown) and self.batch_slowdown >= 0, "batch slowdown must be >= 0")
@@ -314,6 +327,7 @@ _CONVERTERS: dict[str, Any] = {
     "max_num_seqs": int,
     "max_model_len": int,
     "temperature_decay": float,
+    "acceptance_spread": float,
     "step_time": float,
     "draft_cost": float,
     "batch_slowdown": float,

@@ -475,6 +475,11 @@ def _skip_reason(rule: Rule) -> str | None:
         return "disabled"
     if rule.alert_only:
         return "an alert rule: its input is Alertmanager's alerts, it has no query of its own"
+    if rule.detect is not None:
+        return (
+            "a sequential detector: its CUSUM carries evidence from one evaluation to the next, "
+            "which a Prometheus alerting rule cannot keep; specguard evaluates it"
+        )
     return None
 
 

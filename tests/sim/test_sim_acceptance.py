@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import aiohttp
+import pytest
 
 from sim.records import RequestRecord
 from sim.server import Simulator
@@ -129,3 +130,45 @@ async def test_a_higher_temperature_lowers_acceptance_by_the_decay_law(
             measured,
             expected,
         )
+
+
+def _per_request_alpha(record: RequestRecord) -> tuple[float, float]:
+    """(α̂, trials) of one request under the chain model: S / (S + F)."""
+    drafted = [step for step in record.steps if step.draft_tokens]
+    successes = sum(step.accepted for step in drafted)
+    failures = sum(1 for step in drafted if step.accepted < step.draft_tokens)
+    return successes / (successes + failures), successes + failures
+
+
+async def test_with_a_spread_each_request_has_its_own_acceptance_around_the_configured_one(
+    session: aiohttp.ClientSession,
+) -> None:
+    # Requests differ: with --acceptance-spread 0.1 their per-token acceptance is a Beta around
+    # 0.7 with that standard deviation; without it every request draws from the same 0.7.
+    spread: dict[float, list[tuple[float, float]]] = {}
+    for sd in (0.0, 0.1):
+        options = {"acceptance_by_position": [0.7], "acceptance_spread": sd, "seed": 21}
+        async with running(speculative=speculative(K), **options) as sim:
+            records = await _traffic(session, sim, requests=64, temperature=0.0)
+        spread[sd] = [_per_request_alpha(record) for record in records]
+    for sd, per_request in spread.items():
+        alphas = [a for a, _ in per_request]
+        mean_trials = sum(t for _, t in per_request) / len(per_request)
+        binomial_sd = math.sqrt(0.7 * 0.3 / mean_trials)
+        observed_sd = math.sqrt(sum((a - 0.7) ** 2 for a in alphas) / len(alphas))
+        assert abs(sum(alphas) / len(alphas) - 0.7) < 4 * math.sqrt(sd**2 + binomial_sd**2) / math.sqrt(
+            len(alphas)
+        )
+        expected_sd = math.sqrt(sd**2 + binomial_sd**2)
+        assert observed_sd == pytest.approx(expected_sd, rel=0.35), (sd, observed_sd, expected_sd)
+
+
+def test_a_spread_no_beta_can_have_is_refused() -> None:
+    from sim.options import OptionsError, SimOptions
+
+    with pytest.raises(
+        OptionsError, match=r"acceptance spread: no Beta distribution has mean 0\.7 and spread 0\.5"
+    ):
+        SimOptions(acceptance_by_position=[0.7], acceptance_spread=0.5)
+    with pytest.raises(OptionsError, match="acceptance spread must be >= 0"):
+        SimOptions(acceptance_spread=-0.1)

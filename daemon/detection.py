@@ -1,0 +1,242 @@
+"""Rules with ``detect:``: the CUSUM of ``common.sequential`` turned into what the engine judges.
+
+Each evaluation takes one window, the rule's interval, of ``token_acceptance`` per series: its α̂
+and its trials N = S + F. Per series:
+
+- a window with fewer than ``min_trials`` trials is *no data*: G neither grows nor resets;
+- during the warm-up (``warmup`` of windows with data) the windows are taken as in control and
+  estimate φ (Pearson's χ²/df) and, with ``in_control: learn``, α0; the series is *warming up*;
+- after it, Z = [S ln(α1/α0) + F ln((1−α1)/(1−α0))] / φ and G = max(0, G + Z), held at 2h.
+
+The engine then sees the value G against the threshold h = ln(false_alarm_every / interval) with
+the condition ``G >= h``: pending, firing, ``for`` and the no-data policy work as for any rule.
+When the series resolves, G starts again from 0. Everything lives in the series' ``detector``
+state, which the store keeps: a restart neither forgets the calibration nor the evidence so far.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from common.sequential import EDGE, Dispersion, cusum_step, llr, threshold
+from daemon.baseline import Baseline
+from daemon.engine import Outcome, SeriesState, State, Verdict, series_key
+from daemon.sources.base import Invalid, Series, SourceResult
+from rules.conditions import Condition
+from rules.schema import DETECT_SIGNAL, Detect
+
+CAP = 2.0  # G is held at CAP x h once it alarms
+
+
+def h_of(detect: Detect, interval: float) -> float:
+    return threshold(detect.false_alarm_every / interval)
+
+
+def condition_of(detect: Detect, interval: float) -> Condition:
+    h = h_of(detect, interval)
+    return Condition(op=">=", constant=h, text=f"{detect.describe()}: G >= h = {h:.2f}")
+
+
+def warmup_windows(detect: Detect, interval: float) -> int:
+    return max(2, math.ceil(detect.warmup / interval))
+
+
+@dataclass
+class DetectorState:
+    """One series' detector, as the store keeps it (``to_json``)."""
+
+    g: float = 0.0
+    alpha0: float | None = None  # learned at the end of the warm-up (in_control: learn)
+    phi: float | None = None  # estimated at the end of the warm-up
+    warmup: Dispersion = field(default_factory=Dispersion)
+    alpha: float | None = None  # the last window's α̂
+    trials: float | None = None  # the last window's S + F
+    windows: int = 0  # windows judged since the warm-up
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "g": self.g,
+            "alpha0": self.alpha0,
+            "phi": self.phi,
+            "warmup": self.warmup.to_json(),
+            "alpha": self.alpha,
+            "trials": self.trials,
+            "windows": self.windows,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None) -> DetectorState:
+        if not raw:
+            return cls()
+
+        def number(key: str) -> float | None:
+            value = raw.get(key)
+            return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+        return cls(
+            g=number("g") or 0.0,
+            alpha0=number("alpha0"),
+            phi=number("phi"),
+            warmup=Dispersion.from_json(raw.get("warmup")),
+            alpha=number("alpha"),
+            trials=number("trials"),
+            windows=int(number("windows") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the detector makes of one evaluation's answer, before the engine sees it."""
+
+    result: SourceResult  # G per judged series; errors as invalid
+    detectors: dict[str, dict[str, Any]]  # series key -> its new detector state
+    warming: frozenset[str] = frozenset()  # keys of the series still calibrating
+
+
+def judge(
+    detect: Detect,
+    interval: float,
+    answer: SourceResult,
+    previous: Mapping[str, SeriesState],
+    baseline: Baseline | None,
+) -> Judged:
+    """Step every series of ``answer`` (token_acceptance over one interval) through its detector."""
+    if answer.error is not None:
+        return Judged(answer, {})
+    h = h_of(detect, interval)
+    needed = warmup_windows(detect, interval)
+    judged: list[Series] = []
+    invalid: list[Invalid] = list(answer.invalid)
+    warming: set[str] = set()
+    detectors: dict[str, dict[str, Any]] = {}
+    for series in answer.series:
+        key = series_key(series.labels)
+        old = previous.get(key)
+        state = DetectorState.from_json(old.detector if old is not None else None)
+        trials = series.trials or 0.0
+        if trials < detect.min_trials:
+            continue  # too little evidence either way: no data, the statistic as it was
+        successes = series.value * trials
+        given = _given_in_control(detect, series.labels, baseline)
+        if isinstance(given, str):  # said at once, not after an hour of warm-up
+            invalid.append(Invalid(dict(series.labels), given))
+            continue
+        state = replace(state, alpha=series.value, trials=trials)
+        if _warming(detect, state, needed):
+            state.warmup.add(successes, trials)
+            if not _warming(detect, state, needed):  # the warm-up is complete: the next window is judged
+                state.phi = state.warmup.phi
+                if given is None:
+                    state.alpha0 = state.warmup.alpha
+            detectors[key] = state.to_json()
+            warming.add(key)
+            continue
+        alpha0 = given if given is not None else state.alpha0
+        if alpha0 is None:  # learned, yet unknown: a state from before the warm-up was counted
+            state = replace(state, warmup=Dispersion())
+            detectors[key] = state.to_json()
+            warming.add(key)
+            continue
+        alpha1 = detect.shift_to if detect.shift_to is not None else alpha0 - (detect.drop or 0.0)
+        if not EDGE <= alpha1 < alpha0:
+            invalid.append(
+                Invalid(
+                    dict(series.labels),
+                    f"the in-control acceptance {alpha0:.3f} is not above the one to detect "
+                    f"({alpha1:.3f}): set in_control, or shift_to below it",
+                )
+            )
+            continue
+        phi = detect.phi if detect.phi is not None else (state.phi or 1.0)
+        z = llr(successes, trials - successes, alpha0, alpha1) / phi
+        state = replace(state, g=cusum_step(state.g, z, CAP * h), windows=state.windows + 1)
+        detectors[key] = state.to_json()
+        judged.append(Series(dict(series.labels), state.g, trials))
+    result = SourceResult(
+        series=tuple(judged), detail=answer.detail, invalid=tuple(invalid), warming=answer.warming
+    )
+    return Judged(result, detectors, frozenset(warming))
+
+
+def _warming(detect: Detect, state: DetectorState, needed: int) -> bool:
+    """Whether the series still calibrates: φ (unless given) and α0 (when learned) not yet known."""
+    calibrated = detect.phi is not None and detect.in_control != "learn"
+    return not calibrated and state.warmup.windows < needed
+
+
+def _given_in_control(
+    detect: Detect, labels: Mapping[str, str], baseline: Baseline | None
+) -> float | str | None:
+    """α0 when it is given (a number, or the baseline file's), why it cannot be had, or None when
+    it is learned over the warm-up."""
+    if isinstance(detect.in_control, float | int):
+        return float(detect.in_control)
+    if detect.in_control == "learn":
+        return None
+    if baseline is None:
+        return "in_control: baseline needs a baseline file (`baseline:` in the config)"
+    value = baseline.value(labels, DETECT_SIGNAL)
+    if isinstance(value, str):
+        return f"in_control: baseline: {value}"
+    if not 0 < value < 1:
+        return f"in_control: baseline: {DETECT_SIGNAL} {value:g} is not in (0, 1)"
+    return value
+
+
+def settle(outcome: Outcome, judged: Judged, previous: Mapping[str, SeriesState], now: float) -> Outcome:
+    """The engine's outcome with each series' detector state attached: the new one where the
+    detector stepped, the previous one elsewhere; G back to 0 where the series resolved. A series
+    still calibrating is *warming up*: the engine saw no value for it, and whatever its no-data
+    policy made of that is undone (it neither moves nor fires)."""
+    states = dict(outcome.states)
+    verdicts = dict(outcome.verdicts)
+    events = [e for e in outcome.events if e.series not in judged.warming]
+    for key in judged.warming:
+        old = previous.get(key) or SeriesState(labels=_labels_of(key))
+        states[key] = replace(old, verdict=Verdict.WARMING_UP, error=None, last_eval=now, last_seen=now)
+        verdicts[key] = Verdict.WARMING_UP
+    for key, detector in judged.detectors.items():
+        if key in states:
+            states[key] = replace(states[key], detector=dict(detector))
+    for event in events:
+        state = states.get(event.series)
+        if event.kind is State.RESOLVED and state is not None and state.detector is not None:
+            states[event.series] = replace(state, detector={**state.detector, "g": 0.0})
+    forgotten = [key for key in outcome.forgotten if key not in judged.warming]
+    return replace(outcome, states=states, verdicts=verdicts, events=events, forgotten=forgotten)
+
+
+def _labels_of(key: str) -> dict[str, str]:
+    return {str(k): str(v) for k, v in json.loads(key).items()}
+
+
+def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any] | None:
+    """What ``eval`` and ``/api/status`` show of a series' detector."""
+    if state.detector is None:
+        return None
+    d = DetectorState.from_json(state.detector)
+    needed = warmup_windows(detect, interval)
+    alpha0: float | None = d.alpha0
+    if isinstance(detect.in_control, float | int):
+        alpha0 = float(detect.in_control)
+    alpha1 = (
+        detect.shift_to
+        if detect.shift_to is not None
+        else (alpha0 - (detect.drop or 0.0) if alpha0 is not None else None)
+    )
+    return {
+        "method": detect.method,
+        "g": d.g,
+        "h": h_of(detect, interval),
+        "phi": detect.phi if detect.phi is not None else d.phi,
+        "in_control": alpha0,
+        "shift_to": alpha1,
+        "window_alpha": d.alpha,
+        "window_trials": d.trials,
+        "warmup": f"{min(d.warmup.windows, needed)}/{needed} windows",
+        "warming_up": _warming(detect, d, needed),
+    }

@@ -1,0 +1,267 @@
+"""Rules with `detect:`: the CUSUM on token_acceptance through the real evaluation and engine, one
+window per evaluation, fed by a source that answers windows generated from the chain model."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.sequential import threshold
+from daemon.baseline import parse_baseline
+from daemon.engine import SeriesState, State, Verdict
+from daemon.evaluation import evaluate_rule
+from daemon.loading import LoadedRule, load
+from daemon.sources.base import Series, SourceResult
+from daemon.status import rule_rows
+from daemon.store import Store
+from rules.schema import Rule
+from rules.signals import Signal
+
+LABELS = {"instance": "vllm-a:8000", "model_name": "m"}
+KEY = '{"instance":"vllm-a:8000","model_name":"m"}'
+INTERVAL = 10.0
+
+
+class Windows:
+    """A source answering token_acceptance for one series: the next window's (α̂, trials)."""
+
+    kind = "scrape"
+
+    def __init__(self) -> None:
+        self.next: tuple[float, float] | None = None
+        self.rng = random.Random(1)
+
+    def draw(self, alpha: float, trials: int = 1000) -> None:
+        successes = sum(self.rng.random() < alpha for _ in range(trials))
+        self.next = (successes / trials, float(trials))
+
+    async def refresh(self) -> None:
+        return None
+
+    async def query_signal(
+        self, signal: Signal, window: float, group_by: Sequence[str], *_: Any
+    ) -> SourceResult:
+        assert signal.name == "token_acceptance" and window == INTERVAL  # one interval per window
+        if self.next is None:
+            return SourceResult()
+        value, trials = self.next
+        return SourceResult(series=(Series(dict(LABELS), value, trials),))
+
+    async def query_expr(self, expr: str) -> SourceResult:
+        raise AssertionError(expr)
+
+    async def close(self) -> None:
+        return None
+
+
+def detector_rule(**detect: Any) -> LoadedRule:
+    detect.setdefault("in_control", 0.75)
+    detect.setdefault("shift_to", 0.45)
+    detect.setdefault("false_alarm_every", "30d")
+    detect.setdefault("warmup", "100s")  # ten windows
+    fields = {"name": "collapse", "signal": "token_acceptance", "interval": "10s", "detect": detect}
+    return LoadedRule(Rule.model_validate(fields), "rules.yaml", 1)
+
+
+class Run:
+    """Evaluations of one rule on a simulated clock, the states carried from one to the next."""
+
+    def __init__(self, item: LoadedRule, baseline: Any = None) -> None:
+        self.item, self.baseline = item, baseline
+        self.source = Windows()
+        self.states: dict[str, SeriesState] = {}
+        self.now = 1_000_000.0
+        self.events: list[tuple[float, State]] = []
+
+    async def window(self, alpha: float | None, trials: int = 1000) -> SeriesState:
+        if alpha is None:
+            self.source.next = None
+        else:
+            self.source.draw(alpha, trials)
+        self.now += INTERVAL
+        outcome, _ = await evaluate_rule(
+            self.item, self.source, self.baseline, self.states, self.now, INTERVAL
+        )  # type: ignore[arg-type]
+        self.states = outcome.states
+        self.events += [(e.at, e.kind) for e in outcome.events]
+        self.verdict = outcome.verdicts.get(KEY)
+        return self.states[KEY]
+
+
+H = threshold(30 * 86400 / INTERVAL)
+
+
+async def test_it_warms_up_then_fires_on_a_drop_and_resolves_with_g_reset() -> None:
+    run = Run(detector_rule())
+    for _ in range(10):
+        state = await run.window(0.75)
+        assert run.verdict is Verdict.WARMING_UP and state.state is State.INACTIVE
+    assert state.detector is not None and state.detector["phi"] is not None
+    assert state.detector["phi"] >= 1.0
+    for _ in range(30):  # in control: G stays small, nothing fires
+        state = await run.window(0.75)
+        assert run.verdict is Verdict.OK and state.value is not None and state.value < H
+    assert run.events == []
+    fired_at = None
+    for _ in range(5):  # 1,000 trials a window at 0.45: one or two windows are enough
+        state = await run.window(0.45)
+        if state.state is State.FIRING:
+            fired_at = run.now
+            break
+    assert fired_at is not None and [kind for _, kind in run.events] == [State.PENDING, State.FIRING]
+    assert state.value is not None and H <= state.value <= 2 * H  # held at 2h at most
+    assert state.threshold == pytest.approx(H)
+    for _ in range(20):
+        state = await run.window(0.75)
+        if state.state is State.RESOLVED:
+            break
+    assert state.state is State.RESOLVED
+    assert state.detector is not None and state.detector["g"] == 0.0  # starts again from nothing
+
+
+async def test_a_window_with_too_few_trials_is_no_data_and_leaves_g_alone() -> None:
+    run = Run(detector_rule(warmup="20s"))
+    await run.window(0.75)
+    await run.window(0.75)
+    state = await run.window(0.45)
+    g = state.detector["g"] if state.detector else None
+    assert g is not None and g > 0
+    state = await run.window(0.10, trials=20)  # 20 trials, below min_trials (100)
+    assert run.verdict is Verdict.NO_DATA
+    assert state.detector is not None and state.detector["g"] == g
+    state = await run.window(None)  # nothing at all
+    assert run.verdict is Verdict.NO_DATA and state.detector is not None and state.detector["g"] == g
+
+
+async def test_in_control_is_learned_over_the_warm_up() -> None:
+    run = Run(detector_rule(in_control="learn", shift_to=None, drop=0.2))
+    for _ in range(10):
+        state = await run.window(0.62)
+    assert state.detector is not None
+    assert state.detector["alpha0"] == pytest.approx(0.62, abs=0.02)
+    state = await run.window(0.62)
+    assert run.verdict is Verdict.OK
+    (row,) = rule_rows([run.item], {"collapse": run.states}, {}, interval=INTERVAL)
+    shown = row["detector"]
+    assert shown["h"] == pytest.approx(H) and shown["warming_up"] is False
+    assert shown["in_control"] == pytest.approx(0.62, abs=0.02)
+    assert shown["shift_to"] == pytest.approx(shown["in_control"] - 0.2)
+    assert shown["warmup"] == "10/10 windows" and shown["phi"] >= 1
+
+
+async def test_in_control_from_the_baseline_and_a_model_without_it_is_an_error() -> None:
+    baseline = parse_baseline(
+        {"version": 2, "measured_at": "2026-12-01T00:00:00Z",
+         "entries": [{"model": "m", "signals": {"token_acceptance": 0.8}}, {"signals": {}}]}
+    )  # fmt: skip
+    run = Run(detector_rule(in_control="baseline", phi=1.0, shift_to=0.5), baseline)
+    state = await run.window(0.8)  # φ given and α0 known: no warm-up
+    assert run.verdict is Verdict.OK and state.value == 0.0
+    other = parse_baseline(
+        {"version": 2, "measured_at": "2026-12-01T00:00:00Z",
+         "entries": [{"model": "x", "signals": {"token_acceptance": 0.8}}]}
+    )  # fmt: skip
+    failing = Run(detector_rule(in_control="baseline", phi=1.0, shift_to=0.5), other)
+    state = await failing.window(0.8)
+    assert failing.verdict is Verdict.ERROR
+    assert state.error is not None and state.error.startswith("in_control: baseline: ")
+
+
+async def test_the_detector_state_survives_the_store(tmp_path: Path) -> None:
+    run = Run(detector_rule(warmup="20s", shift_to=0.65))
+    for alpha in (0.75, 0.75, 0.6):
+        await run.window(alpha)
+    store = Store(tmp_path / "specguard.db")
+    await store.open()
+    await store.commit_evaluation("collapse", run.states, [], None)
+    await store.close()
+    reopened = Store(tmp_path / "specguard.db")
+    await reopened.open()
+    loaded = (await reopened.load_states())["collapse"][KEY]
+    await reopened.close()
+    assert loaded.detector == run.states[KEY].detector
+    run.states = {KEY: loaded}
+    before = loaded.detector["g"] if loaded.detector else 0.0
+    state = await run.window(0.6)  # the evidence carries on from where it was
+    assert state.detector is not None and state.detector["g"] > before
+
+
+def write(directory: Path, rules: str) -> Path:
+    (directory / "rules.yaml").write_text(rules)
+    config = directory / "specguard.yaml"
+    config.write_text("rules: [rules.yaml]\n")
+    return config
+
+
+@pytest.mark.parametrize(
+    ("body", "where", "message"),
+    [
+        (
+            "    signal: acceptance_rate\n    detect: {shift_to: 0.4}\n",
+            "rules[0]",
+            "give `signal: token_acceptance`",
+        ),
+        (
+            "    signal: token_acceptance\n    condition: '< 0.5'\n    detect: {shift_to: 0.4}\n",
+            "rules[0]",
+            "not both",
+        ),
+        (
+            "    signal: token_acceptance\n    window: 60s\n    detect: {shift_to: 0.4}\n",
+            "rules[0]",
+            "leave `window` out",
+        ),
+        (
+            "    signal: token_acceptance\n    detect: {in_control: 0.5, shift_to: 0.6}\n",
+            "rules[0].detect",
+            "must lie below in_control",
+        ),
+        (
+            "    signal: token_acceptance\n    detect: {in_control: 0.7}\n",
+            "rules[0].detect",
+            "give one of `shift_to`",
+        ),
+        (
+            "    signal: token_acceptance\n    detect: {shift_to: 1.5}\n",
+            "rules[0].detect",
+            "shift_to is a per-token acceptance in (0, 1)",
+        ),
+        (
+            "    signal: token_acceptance\n    detect: {shift_to: 0.4, method: ewma}\n",
+            "rules[0].detect.method",
+            "cusum",
+        ),
+        (
+            "    signal: token_acceptance\n    detect: {shift_to: 0.4, phi: 0.5}\n",
+            "rules[0].detect.phi",
+            "greater than or equal to 1",
+        ),
+    ],
+)
+def test_a_bad_detector_is_named_by_file_line_and_field(
+    tmp_path: Path, body: str, where: str, message: str
+) -> None:
+    config = write(tmp_path, "rules:\n  - name: collapse\n" + body)
+    loaded = load(config)
+    assert not loaded.ok
+    text = "\n".join(str(p) for p in loaded.problems)
+    assert (
+        f"rules.yaml:2: {where}" in text
+        or f"rules.yaml:3: {where}" in text
+        or f"rules.yaml:4: {where}" in text
+    ), text
+    assert message in text, text
+
+
+def test_h_follows_the_interval_and_the_false_alarm_target() -> None:
+    item = detector_rule(false_alarm_every="7d")
+    from daemon.evaluation import spec_of
+
+    spec = spec_of(item, 15.0)
+    assert spec.condition.constant == pytest.approx(math.log(7 * 86400 / 10))
+    assert spec.forget_after >= 7 * 86400  # the calibration outlives a quiet spell
