@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from actions.acceptance import SprtParams, sprt_probe
 from common.secrets import SecretRef
+from common.sequential import Decision
 from rules.durations import Duration
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -34,7 +36,10 @@ class CanaryParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str  # the speculative vLLM server itself (not the router), e.g. http://127.0.0.1:8000
-    min_acceptance: float = Field(gt=0, le=1)  # acceptance rate (accepted / draft tokens)
+    # Either a fixed bar, acceptance rate (accepted / draft tokens) at least this ...
+    min_acceptance: float | None = Field(None, gt=0, le=1)
+    # ... or a sequential test with stated error rates, ``requests`` per round (see actions/acceptance.py)
+    sprt: SprtParams | None = None
     requests: int = Field(4, ge=1, le=64)
     prompts: tuple[str, ...] = PROMPTS
     max_tokens: int = Field(64, ge=2, le=4096)
@@ -52,6 +57,14 @@ class CanaryParams(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("give the server's http:// or https:// base URL")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_test(self) -> CanaryParams:
+        if (self.min_acceptance is None) == (self.sprt is None):
+            raise ValueError(
+                "give the canary one test: `min_acceptance` (a fixed bar) or `sprt` (a sequential test)"
+            )
+        return self
 
     @field_validator("prompts")
     @classmethod
@@ -88,6 +101,9 @@ class Canary:
 
     async def probe(self) -> CanaryResult:
         p = self.params
+        if p.sprt is not None:
+            return await self._sequential(p.sprt)
+        assert p.min_acceptance is not None
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         try:
             async with (
@@ -126,6 +142,27 @@ class Canary:
             rate,
             drafted,
         )
+
+    async def _sequential(self, sprt: SprtParams) -> CanaryResult:
+        """Rounds of ``requests`` until Wald's test says recovered (restore) or not (keep)."""
+        p = self.params
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            async with (
+                asyncio.timeout(p.timeout),
+                aiohttp.ClientSession(headers=headers) as session,
+            ):
+                model = p.model or await self._model(session)
+
+                async def send_round() -> None:
+                    await asyncio.gather(*(self._complete(session, model, i) for i in range(p.requests)))
+
+                verdict = await sprt_probe(sprt, lambda: self._get(session, "/metrics"), send_round, "canary")
+        except TimeoutError:
+            return CanaryResult(False, f"canary: {p.url} did not answer within {p.timeout:g}s")
+        except (aiohttp.ClientError, ValueError) as exc:
+            return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:300])
+        return CanaryResult(verdict.decision is Decision.RECOVERED, verdict.detail, verdict.alpha)
 
     async def _get(self, session: aiohttp.ClientSession, path: str) -> str:
         async with session.get(self.params.url + path) as answer:

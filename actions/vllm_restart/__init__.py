@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from actions.acceptance import SprtParams
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Holding, Outcome
 from actions.feature_flag import FeatureFlagAction
 from actions.vllm_restart import speculative
@@ -32,6 +33,7 @@ from common.commands import CommandError, run_command
 from common.files import read_or_none, write_atomically
 from common.paths import ConfigPath
 from common.secrets import SecretRef, read_if_given
+from common.sequential import Decision
 from rules.durations import Duration
 
 log = logging.getLogger("specguard.action.vllm_restart")
@@ -86,6 +88,10 @@ class VllmRestartParams(ActionParams):
     health_timeout: Duration = Field(600.0, gt=0)  # model loading included
     verify_requests: int = Field(4, ge=1, le=64)
     verify_max_tokens: int = Field(16, ge=2, le=1024)
+    # After a restart with k > 0: has acceptance recovered? A sequential test, verify_requests per
+    # round at verify_temperature (your traffic's, or it sees the draft at its best).
+    verify_acceptance: SprtParams | None = None
+    verify_temperature: float = Field(0.0, ge=0, le=2)
     model: str | None = None  # for the verification's requests; default: the first of /v1/models
     token: SecretRef | None = None  # vLLM's --api-key
     step_up_after: Duration | None = Field(None, gt=0)  # resolved this long: one rung up
@@ -391,6 +397,16 @@ class VllmRestartAction(Action):
                 seen = await self.server.verify(
                     change["to"], self.p.verify_requests, self.p.verify_max_tokens, self.p.model
                 )
+                recovered = True
+                if change["to"] > 0 and self.p.verify_acceptance is not None:
+                    verdict = await self.server.probe_acceptance(
+                        self.p.verify_acceptance, self.p.verify_requests, self.p.verify_max_tokens,
+                        self.p.verify_temperature, self.p.model,
+                    )  # fmt: skip
+                    seen += f"; {verdict.detail}"
+                    # Still collapsed: vLLM runs the new config as it should (no rollback: the old
+                    # k was no better), but the remedy did not work, and the outcome says so.
+                    recovered = verdict.decision is not Decision.COLLAPSED
                 timings["verify"] = time.monotonic() - checking
                 detail = (
                     f"k {change['from']} -> {change['to']}: restarted in {timings.get('restart', 0):.1f}s, healthy "
@@ -398,7 +414,7 @@ class VllmRestartAction(Action):
                     + (" (completed after specguard restarted)" if resumed else "")
                 )  # fmt: skip
                 detail += await self._undrain(memory)
-                return await self._finish(memory, change, True, detail, change["to"], change["after"])
+                return await self._finish(memory, change, recovered, detail, change["to"], change["after"])
         except (OSError, CommandError, NotReady) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             change["why"] = f"k {change['from']} -> {change['to']} failed at {change['phase']}: {why}"

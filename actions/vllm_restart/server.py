@@ -9,6 +9,8 @@ import time
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from actions.acceptance import SprtParams, Verdict, sprt_probe
+
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SPEC_PREFIX = "vllm:spec_decode_"
 
@@ -95,6 +97,34 @@ class Server:
             shown = ",".join(str(p) for p in sorted(seen)) or "none"
             raise NotReady(f"/metrics counts draft positions {shown}, not 0-{k - 1}")
         return f"/metrics counts draft positions 0-{k - 1}"
+
+    async def probe_acceptance(
+        self, sprt: SprtParams, requests: int, max_tokens: int, temperature: float, model: str | None
+    ) -> Verdict:
+        """Has acceptance recovered? Rounds of ``requests`` completions, Wald's test on the counters
+        after each. Raises NotReady when the server does not answer."""
+        try:
+            async with self._session() as session:
+                name = model or await self._model(session)
+
+                async def metrics() -> str:
+                    async with session.get(self.url + "/metrics") as answer:
+                        if answer.status != 200:
+                            raise NotReady(f"GET /metrics answered {answer.status}")
+                        return await answer.text()
+
+                async def send_round() -> None:
+                    for index in range(requests):
+                        body = {"model": name, "prompt": f"specguard acceptance check {index}: one two three",
+                                "max_tokens": max_tokens, "temperature": temperature}  # fmt: skip
+                        async with session.post(self.url + "/v1/completions", json=body) as answer:
+                            if answer.status != 200:
+                                text = (await answer.text())[:200]
+                                raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
+
+                return await sprt_probe(sprt, metrics, send_round, "acceptance")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise NotReady(f"acceptance check: {type(exc).__name__}: {exc}"[:300]) from None
 
     async def _model(self, session: aiohttp.ClientSession) -> str:
         async with session.get(self.url + "/v1/models") as answer:

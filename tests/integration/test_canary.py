@@ -5,6 +5,7 @@ gates. The real vLLM runs the same probe in tests/e2e."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -120,3 +121,50 @@ async def test_the_canary_sends_its_requests_at_the_configured_temperature() -> 
     assert not hot.ok and hot.acceptance is not None and hot.acceptance < 0.3, hot.detail
     with pytest.raises(ValueError, match="temperature"):
         CanaryParams(url=sim.url, min_acceptance=0.6, temperature=-0.1)
+
+
+SPRT = {"in_control": 0.85, "shift_to": 0.4, "false_recovery": 0.01, "false_collapse": 0.05}
+
+
+async def test_a_sequential_canary_stops_as_soon_as_the_evidence_decides(
+    good: Simulator, poor: Simulator
+) -> None:
+    recovered = await Canary(CanaryParams(url=good.url, sprt=SPRT, requests=2), None).probe()
+    assert recovered.ok, recovered.detail
+    assert recovered.detail.startswith(
+        "canary: recovered (acceptance back at 0.85, at most 0.01 of collapses"
+    )
+    assert "against bounds -4.55 / +2.99" in recovered.detail
+    collapsed = await Canary(CanaryParams(url=poor.url, sprt=SPRT, requests=2), None).probe()
+    assert not collapsed.ok
+    assert collapsed.detail.startswith("canary: still collapsed (acceptance at 0.4")
+    assert collapsed.acceptance is not None and collapsed.acceptance < 0.4
+
+
+async def test_a_sequential_canary_that_cannot_decide_keeps_the_fallback() -> None:
+    # Acceptance between the two levels, one short round: the evidence stays between the bounds.
+    middling = await simulator([0.65, 0.65, 0.65])
+    try:
+        result = await Canary(
+            CanaryParams(url=middling.url, sprt={**SPRT, "rounds": 1}, requests=1, max_tokens=4), None
+        ).probe()
+    finally:
+        await middling.stop()
+    assert not result.ok
+    assert "undecided after 1 round(s)" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"min_acceptance": 0.5, "sprt": SPRT}, "give the canary one test"),
+        ({}, "give the canary one test"),
+        ({"sprt": {**SPRT, "shift_to": 0.9}}, "shift_to (0.9) must lie below in_control (0.85)"),
+        ({"sprt": {**SPRT, "false_recovery": 0.6}}, "less than 0.5"),
+    ],
+)
+def test_a_canary_needs_exactly_one_sound_test(fields: dict[str, object], message: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        CanaryParams.model_validate({"url": "http://127.0.0.1:8000", **fields})

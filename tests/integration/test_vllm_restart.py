@@ -398,3 +398,26 @@ async def test_step_up_after_a_healthy_period_only_when_asked_for(tmp_path: Path
         assert again == up
     finally:
         host.stop()
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "ok", "said"), [("0.9", True, "recovered"), ("0.2", False, "still collapsed")]
+)
+async def test_after_a_step_a_sequential_test_says_whether_acceptance_recovered(
+    tmp_path: Path, store: Store, acceptance: str, ok: bool, said: str
+) -> None:
+    host = Host(tmp_path, "env", "--acceptance-by-position", acceptance)
+    host.start()
+    try:
+        sprt = {"in_control": 0.85, "shift_to": 0.4, "false_recovery": 0.01, "false_collapse": 0.05}
+        action = host.action(verify_acceptance=sprt, verify_requests=2, verify_max_tokens=32)
+        await Server(host.url, None).wait_healthy(30)
+        outcome = await action.run(ctx(store, 1))
+    finally:
+        host.stop()
+    assert outcome.ok is ok, outcome.detail
+    assert "k 4 -> 2" in outcome.detail and f"acceptance: {said} (acceptance " in outcome.detail
+    assert "evidence" in outcome.detail and "against bounds -4.55 / +2.99" in outcome.detail
+    # Still collapsed is not a failed restart: vLLM runs k = 2 as configured, nothing rolled back.
+    assert speculative.read_env(host.path.read_text(), "f") == {**DRAFT, "num_speculative_tokens": 2}
+    assert "rolled back" not in outcome.detail

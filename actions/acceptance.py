@@ -1,0 +1,168 @@
+"""Has acceptance recovered? A sequential probability ratio test on a server's own counters, for
+the checks that must verify a remedy: the canary before a flag is restored, and the check after
+vLLM restarted with fewer speculative tokens.
+
+Requests go to the server in rounds; after each, its ``/metrics`` say what those requests drafted
+(and whatever else it served meanwhile): S accepted tokens and F drafts that ended in a rejection
+(drafts minus the last position's count, as ``token_acceptance`` counts them). Wald's test adds up
+the evidence, round by round, until it says *recovered* (acceptance back at ``in_control``) or
+*collapsed* (still at ``shift_to``) with the stated error rates, or runs out of rounds
+(*undecided*, which verifies nothing). See ``common.sequential``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from common.sequential import Decision, Sprt, alpha_hat, chain_trials
+
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SHORT_DRAFTS_TOLERANCE = 0.01  # as the token_acceptance signal's
+
+
+class SprtParams(BaseModel):
+    """``sprt:``: decide between acceptance back at ``in_control`` and still at ``shift_to``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    in_control: float = Field(gt=0, lt=1)  # per-token acceptance when healthy (token_acceptance)
+    shift_to: float = Field(gt=0, lt=1)  # ... and when collapsed
+    # The dispersion of the server's traffic (the collapse detector's phi, in /api/status): the
+    # canary's few requests vary as any requests do.
+    phi: float = Field(1.0, ge=1)
+    false_recovery: float = Field(0.01, gt=0, lt=0.5)  # P(called recovered | still collapsed)
+    false_collapse: float = Field(0.05, gt=0, lt=0.5)  # P(called collapsed | recovered)
+    rounds: int = Field(8, ge=1, le=100)  # at most this many rounds of requests
+
+    @model_validator(mode="after")
+    def _below(self) -> SprtParams:
+        if self.shift_to >= self.in_control:
+            raise ValueError(f"shift_to ({self.shift_to:g}) must lie below in_control ({self.in_control:g})")
+        return self
+
+    def test(self) -> Sprt:
+        return Sprt(self.in_control, self.shift_to, self.phi, self.false_recovery, self.false_collapse)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The speculative-decoding counters of one ``/metrics`` page, summed over engines and models
+    (``full``: each engine's last position, the drafts it accepted whole)."""
+
+    accepted: float = 0.0
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    full: float = 0.0
+    expected_tokens: float = 0.0  # drafts x k, engine by engine
+
+    def minus(self, earlier: Totals) -> Totals:
+        return Totals(
+            self.accepted - earlier.accepted,
+            self.drafts - earlier.drafts,
+            self.draft_tokens - earlier.draft_tokens,
+            self.full - earlier.full,
+            self.expected_tokens - earlier.expected_tokens,
+        )
+
+
+def totals(page: str) -> Totals:
+    accepted = drafts = draft_tokens = 0.0
+    per_engine: dict[tuple[tuple[str, str], ...], list[float]] = {}
+    drafts_by_engine: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if not sample.name.endswith("_total"):
+                continue  # _created and the like
+            engine = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "position"))
+            if name == ACCEPTED:
+                accepted += sample.value
+            elif name == DRAFTS:
+                drafts += sample.value
+                drafts_by_engine[engine] = drafts_by_engine.get(engine, 0.0) + sample.value
+            elif name == DRAFT_TOKENS:
+                draft_tokens += sample.value
+            elif name == PER_POSITION:
+                per_engine.setdefault(engine, []).append(sample.value)
+    full = sum(min(values) for values in per_engine.values())
+    expected = sum(d * len(per_engine.get(engine, ())) for engine, d in drafts_by_engine.items())
+    return Totals(accepted, drafts, draft_tokens, full, expected)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    detail: str
+    alpha: float | None = None  # α̂ over every round
+    rounds: int = 0
+
+
+async def sprt_probe(
+    params: SprtParams,
+    read_metrics: Callable[[], Awaitable[str]],
+    send_round: Callable[[], Awaitable[None]],
+    what: str,
+) -> Verdict:
+    """Rounds of ``send_round`` until Wald's test decides; ``what`` names the probe in the detail.
+    Raises what the two callables raise (the caller reports a server that does not answer)."""
+    sprt = params.test()
+    start = before = totals(await read_metrics())
+    evidence = 0.0
+    decision = Decision.UNDECIDED
+    done = 0
+    while done < params.rounds:
+        done += 1
+        await send_round()
+        now = totals(await read_metrics())
+        step = now.minus(before)
+        if min(step.accepted, step.drafts, step.full) < 0:
+            return Verdict(Decision.UNDECIDED, f"{what}: the server's counters went back (it restarted)")
+        if step.draft_tokens < (1 - SHORT_DRAFTS_TOLERANCE) * step.expected_tokens:
+            return Verdict(
+                Decision.UNDECIDED,
+                f"{what}: drafts carry fewer tokens than k (an ngram proposer?): the chain model's test "
+                "would be biased",
+            )
+        successes, failures = chain_trials(step.accepted, step.drafts, step.full)
+        evidence += sprt.evidence(successes, failures)
+        before = now
+        decision = sprt.decide(evidence)
+        if decision is not Decision.UNDECIDED:
+            break
+    total = before.minus(start)
+    successes, failures = chain_trials(total.accepted, total.drafts, total.full)
+    alpha = alpha_hat(successes, failures)
+    if alpha is None:
+        return Verdict(
+            Decision.UNDECIDED,
+            f"{what}: no drafts in {done} round(s): is speculative decoding on at this server?",
+            None,
+            done,
+        )
+    said = {
+        Decision.RECOVERED: f"recovered (acceptance back at {params.in_control:g}",
+        Decision.COLLAPSED: f"still collapsed (acceptance at {params.shift_to:g}",
+        Decision.UNDECIDED: f"undecided after {done} round(s) (neither {params.in_control:g} nor {params.shift_to:g}",
+    }[decision]
+    rates = (
+        f"at most {params.false_recovery:g} of collapses called recovered, {params.false_collapse:g} "
+        "of recoveries called collapsed"
+    )
+    detail = (
+        f"{what}: {said}, {rates}): per-token acceptance {alpha:.2f} over {successes + failures:,.0f} "
+        f"trials in {done} round(s), evidence {_signed(evidence)} against bounds "
+        f"{_signed(sprt.lower)} / {_signed(sprt.upper)}"
+    )
+    return Verdict(decision, detail, alpha, done)
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.2f}" if math.isfinite(value) else str(value)
