@@ -10,8 +10,10 @@ is α^S (1−α)^F, whatever k is, and α̂ = S / (S + F). vLLM's own acceptance
 tokens = α(1−α^k) / (k(1−α)), reads 0.70, 0.51 and 0.39 at k = 1, 3 and 5 for the same α = 0.7.
 
 **Overdispersion.** Requests differ (prompts, temperatures), so the tokens of a window are far from
-independent trials: its α̂ varies φ times more than a binomial's. φ is Pearson's χ²/df over
-in-control windows, and every log-likelihood ratio is divided by it.
+independent trials: its α̂ varies φ times more than a binomial's (Pearson's χ²/df over in-control
+windows). And requests outlive a window, so consecutive windows are correlated: over many
+windows the evidence varies more still (``Dispersion.long_run``). Every log-likelihood ratio is
+divided by that long-run dispersion.
 
 **CUSUM** (Page 1954) for a drop α₀ → α₁: Z = [S ln(α₁/α₀) + F ln((1−α₁)/(1−α₀))] / φ per window,
 G = max(0, G + Z), alarm at G ≥ h. With h = ln(T), Lorden's bound gives an in-control average run
@@ -27,7 +29,7 @@ Pure arithmetic, no dependencies: the daemon's detector and the actions' checks 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -110,52 +112,123 @@ def llr_arl0(trials: float, alpha0: float, alpha1: float, phi: float, h: float) 
     return siegmund_arl(mean / sd, 0.0, h / sd)
 
 
+LAGS = (1, 2)  # the autocorrelations the long-run dispersion is read from
+
+
 @dataclass
 class Dispersion:
-    """Sufficient statistics of in-control windows for α̂ and Pearson's φ = χ² / (W − 1)."""
+    """Sufficient statistics of in-control windows for α̂, Pearson's φ = χ² / (W − 1) and the
+    autocorrelation of the windows' Pearson residuals at lags 1 and 2.
+
+    Requests outlive a window, so consecutive windows share requests and their residuals are
+    correlated: a sum over many windows varies more than φ alone says, and a CUSUM adds windows
+    up. A request that goes on to the next window with probability r makes ρ_j = ρ_1 r^(j−1), so
+    the long-run factor is 1 + 2 Σ ρ_j = 1 + 2 ρ_1 / (1 − r), with r = ρ_2 / ρ_1; ``phi`` is
+    φ times that, ``window_phi`` the windows' own. The residual of window w is
+    r_w = (S_w − α N_w) / sqrt(N_w α (1 − α)); the sums below are the expansions of Σ r_w² and
+    Σ r_w r_(w−j) in powers of α, so that α̂ need not be known while the windows come.
+    """
 
     windows: int = 0
     successes: float = 0.0
     trials: float = 0.0
     square: float = 0.0  # Σ S_w² / N_w
+    # Per lag j: [pairs, Σ S S' / √(N N'), Σ (S N' + N S') / √(N N'), Σ √(N N')], ' = window w − j
+    cross: dict[str, list[float]] = field(default_factory=dict)
+    recent: list[list[float]] = field(default_factory=list)  # the last windows' (S, N), newest last
 
-    def add(self, successes: float, trials: float) -> None:
+    def add(self, successes: float, trials: float, follows: bool = True) -> None:
+        """One window; ``follows``: it comes right after the last one added (no gap between)."""
         if trials <= 0:
             return
         self.windows += 1
         self.successes += successes
         self.trials += trials
         self.square += successes * successes / trials
+        if not follows:
+            self.recent = []
+        for lag in LAGS:
+            if len(self.recent) >= lag:
+                s0, n0 = self.recent[-lag]
+                root = math.sqrt(trials * n0)
+                sums = self.cross.setdefault(str(lag), [0.0, 0.0, 0.0, 0.0])
+                sums[0] += 1
+                sums[1] += successes * s0 / root
+                sums[2] += (successes * n0 + trials * s0) / root
+                sums[3] += root
+        self.recent = [*self.recent, [successes, trials]][-max(LAGS) :]
 
     @property
     def alpha(self) -> float | None:
         return self.successes / self.trials if self.trials > 0 else None
 
+    def _spread(self) -> float | None:
+        """Σ r_w² at α̂ (the χ² statistic); None when it cannot be told."""
+        alpha = self.alpha
+        if alpha is None or not 0 < alpha < 1:
+            return None
+        return max(0.0, self.square - alpha * self.successes) / (alpha * (1 - alpha))
+
     @property
-    def phi(self) -> float | None:
+    def window_phi(self) -> float | None:
         """χ² / df, at least 1 (fewer than 2 windows: unknown). Σ (S_w − α̂ N_w)² / N_w expands to
         Σ S_w²/N_w − α̂ Σ S_w, since α̂ Σ N_w = Σ S_w."""
-        alpha = self.alpha
-        if self.windows < 2 or alpha is None:
+        if self.windows < 2 or self.alpha is None:
             return None
-        variance = alpha * (1 - alpha)
-        if variance <= 0:  # every token accepted (or none): no spread to measure, none assumed
+        chi2 = self._spread()
+        if chi2 is None:  # every token accepted (or none): no spread to measure, none assumed
             return 1.0
-        chi2 = max(0.0, self.square - alpha * self.successes) / variance
         return max(1.0, chi2 / (self.windows - 1))
 
-    def to_json(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items()}
+    def autocorrelation(self, lag: int) -> float:
+        """ρ at ``lag``, in [0, 0.95] (0 when it cannot be told)."""
+        sums = self.cross.get(str(lag))
+        chi2 = self._spread()
+        alpha = self.alpha
+        if sums is None or sums[0] < 2 or not chi2 or alpha is None:
+            return 0.0
+        cross = (sums[1] - alpha * sums[2] + alpha * alpha * sums[3]) / (alpha * (1 - alpha)) / sums[0]
+        return min(0.95, max(0.0, cross / (chi2 / self.windows)))
+
+    @property
+    def long_run(self) -> float:
+        """1 + 2 ρ_1 / (1 − r), r = ρ_2 / ρ_1 (the share of a window's requests still there next)."""
+        rho1 = self.autocorrelation(1)
+        if rho1 <= 0:
+            return 1.0
+        r = min(0.95, self.autocorrelation(2) / rho1)
+        return 1 + 2 * rho1 / (1 - r)
+
+    @property
+    def phi(self) -> float | None:
+        """The long-run dispersion the CUSUM divides by: φ times the autocorrelation's factor."""
+        phi = self.window_phi
+        return None if phi is None else phi * self.long_run
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
     def from_json(cls, raw: Any) -> Dispersion:
         if not isinstance(raw, dict):
             return cls()
+
+        def number(key: str) -> float:
+            value = raw.get(key)
+            return float(value) if isinstance(value, int | float) else 0.0
+
+        given_cross, given_recent = raw.get("cross"), raw.get("recent")
+        cross: dict[Any, Any] = given_cross if isinstance(given_cross, dict) else {}
+        recent: list[Any] = given_recent if isinstance(given_recent, list) else []
         return cls(
-            windows=int(raw.get("windows", 0)),
-            successes=float(raw.get("successes", 0.0)),
-            trials=float(raw.get("trials", 0.0)),
-            square=float(raw.get("square", 0.0)),
+            windows=int(number("windows")),
+            successes=number("successes"),
+            trials=number("trials"),
+            square=number("square"),
+            cross={
+                str(k): [float(x) for x in v] for k, v in cross.items() if isinstance(v, list) and len(v) == 4
+            },
+            recent=[[float(x) for x in pair] for pair in recent if isinstance(pair, list) and len(pair) == 2],
         )
 
 

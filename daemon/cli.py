@@ -520,9 +520,10 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _detector_line(d: Mapping[str, Any]) -> str:
-    """``CUSUM G 3.1 of h 12.47; phi 8.2; acceptance 0.75 -> 0.45; last window 0.74 over 1,930 trials``."""
+    """``CUSUM G 3.1 of h 13.85; phi 20; acceptance 0.75 -> 0.63 / 0.45; last window 0.74 over 1,930 trials``."""
     parts = [f"CUSUM G {_number(d['g'])} of h {_number(d['h'])}", f"phi {_number(d['phi'])}"]
-    parts.append(f"acceptance {_number(d['in_control'])} -> {_number(d['shift_to'])}")
+    levels = " / ".join(_number(level) for level in d["shift_to"]) or "-"
+    parts.append(f"acceptance {_number(d['in_control'])} -> {levels}")
     if d.get("window_alpha") is not None:
         parts.append(f"last window {_number(d['window_alpha'])} over {d['window_trials']:,.0f} trials")
     if d.get("warming_up"):

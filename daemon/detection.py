@@ -6,10 +6,12 @@ and its trials N = S + F. Per series:
 - a window with fewer than ``min_trials`` trials is *no data*: G neither grows nor resets;
 - during the warm-up (``warmup`` of windows with data) the windows are taken as in control and
   estimate φ (Pearson's χ²/df) and, with ``in_control: learn``, α0; the series is *warming up*;
-- after it, Z = [S ln(α1/α0) + F ln((1−α1)/(1−α0))] / φ and G = max(0, G + Z), held at 2h.
+- after it, Z = [S ln(α1/α0) + F ln((1−α1)/(1−α0))] / φ and G = max(0, G + Z), held at 2h; with
+  several levels α1, one G each, and the rule's value is the largest.
 
 The engine then sees the value G against the threshold h = ln(false_alarm_every / interval) with
-the condition ``G >= h``: pending, firing, ``for`` and the no-data policy work as for any rule.
+the condition ``G >= h`` (h + ln(n) with n levels: a union bound keeps the false-alarm target for
+all of them together): pending, firing, ``for`` and the no-data policy work as for any rule.
 When the series resolves, G starts again from 0. Everything lives in the series' ``detector``
 state, which the store keeps: a restart neither forgets the calibration nor the evidence so far.
 """
@@ -33,12 +35,12 @@ CAP = 2.0  # G is held at CAP x h once it alarms
 
 
 def h_of(detect: Detect, interval: float) -> float:
-    return threshold(detect.false_alarm_every / interval)
+    return threshold(detect.false_alarm_every / interval) + math.log(detect.levels)
 
 
 def condition_of(detect: Detect, interval: float) -> Condition:
     h = h_of(detect, interval)
-    return Condition(op=">=", constant=h, text=f"{detect.describe()}: G >= h = {h:.2f}")
+    return Condition(op=">=", constant=h, text=f"G >= h = {h:.2f}")
 
 
 def warmup_windows(detect: Detect, interval: float) -> int:
@@ -49,7 +51,8 @@ def warmup_windows(detect: Detect, interval: float) -> int:
 class DetectorState:
     """One series' detector, as the store keeps it (``to_json``)."""
 
-    g: float = 0.0
+    g: float = 0.0  # the largest of gs: what the engine compares with h
+    gs: list[float] = field(default_factory=list)  # one statistic per level to detect
     alpha0: float | None = None  # learned at the end of the warm-up (in_control: learn)
     phi: float | None = None  # estimated at the end of the warm-up
     warmup: Dispersion = field(default_factory=Dispersion)
@@ -60,6 +63,7 @@ class DetectorState:
     def to_json(self) -> dict[str, Any]:
         return {
             "g": self.g,
+            "gs": list(self.gs),
             "alpha0": self.alpha0,
             "phi": self.phi,
             "warmup": self.warmup.to_json(),
@@ -77,8 +81,10 @@ class DetectorState:
             value = raw.get(key)
             return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
+        gs = raw.get("gs")
         return cls(
             g=number("g") or 0.0,
+            gs=[float(v) for v in gs if isinstance(v, int | float)] if isinstance(gs, list) else [],
             alpha0=number("alpha0"),
             phi=number("phi"),
             warmup=Dispersion.from_json(raw.get("warmup")),
@@ -141,19 +147,24 @@ def judge(
             detectors[key] = state.to_json()
             warming.add(key)
             continue
-        alpha1 = detect.shift_to if detect.shift_to is not None else alpha0 - (detect.drop or 0.0)
-        if not EDGE <= alpha1 < alpha0:
+        levels = [a for a in detect.shifted(alpha0) if a >= EDGE]  # a fall below 0 cannot happen
+        if not levels or any(a >= alpha0 for a in levels):
             invalid.append(
                 Invalid(
                     dict(series.labels),
-                    f"the in-control acceptance {alpha0:.3f} is not above the one to detect "
-                    f"({alpha1:.3f}): set in_control, or shift_to below it",
+                    f"the in-control acceptance {alpha0:.3f} is not above the ones to detect "
+                    f"({', '.join(f'{a:.3f}' for a in detect.shifted(alpha0))}): set in_control, or "
+                    "shift_to below it",
                 )
             )
             continue
         phi = detect.phi if detect.phi is not None else (state.phi or 1.0)
-        z = llr(successes, trials - successes, alpha0, alpha1) / phi
-        state = replace(state, g=cusum_step(state.g, z, CAP * h), windows=state.windows + 1)
+        before = state.gs if len(state.gs) == len(levels) else [state.g] * len(levels)
+        gs = [
+            cusum_step(g, llr(successes, trials - successes, alpha0, alpha1) / phi, CAP * h)
+            for g, alpha1 in zip(before, levels, strict=True)
+        ]
+        state = replace(state, gs=gs, g=max(gs), windows=state.windows + 1)
         detectors[key] = state.to_json()
         judged.append(Series(dict(series.labels), state.g, trials))
     result = SourceResult(
@@ -205,7 +216,8 @@ def settle(outcome: Outcome, judged: Judged, previous: Mapping[str, SeriesState]
     for event in events:
         state = states.get(event.series)
         if event.kind is State.RESOLVED and state is not None and state.detector is not None:
-            states[event.series] = replace(state, detector={**state.detector, "g": 0.0})
+            gs = [0.0 for _ in state.detector.get("gs") or ()]
+            states[event.series] = replace(state, detector={**state.detector, "g": 0.0, "gs": gs})
     forgotten = [key for key in outcome.forgotten if key not in judged.warming]
     return replace(outcome, states=states, verdicts=verdicts, events=events, forgotten=forgotten)
 
@@ -223,20 +235,25 @@ def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any]
     alpha0: float | None = d.alpha0
     if isinstance(detect.in_control, float | int):
         alpha0 = float(detect.in_control)
-    alpha1 = (
-        detect.shift_to
-        if detect.shift_to is not None
-        else (alpha0 - (detect.drop or 0.0) if alpha0 is not None else None)
+    levels = (
+        list(detect.shifted(alpha0 if alpha0 is not None else 0.0))
+        if alpha0 is not None or detect.shift_to is not None
+        else []
     )
     return {
         "method": detect.method,
         "g": d.g,
+        "g_by_level": list(d.gs),
         "h": h_of(detect, interval),
         "phi": detect.phi if detect.phi is not None else d.phi,
         "in_control": alpha0,
-        "shift_to": alpha1,
+        "shift_to": levels,
         "window_alpha": d.alpha,
         "window_trials": d.trials,
-        "warmup": f"{min(d.warmup.windows, needed)}/{needed} windows",
+        "warmup": (
+            "none: phi and in_control are given"
+            if detect.phi is not None and detect.in_control != "learn"
+            else f"{min(d.warmup.windows, needed)}/{needed} windows"
+        ),
         "warming_up": _warming(detect, d, needed),
     }

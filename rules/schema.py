@@ -108,11 +108,21 @@ def _probability(value: float | None, name: str) -> None:
         raise ValueError(f"{name} is a per-token acceptance in (0, 1), got {value!r}")
 
 
+def _levels(value: float | list[float] | None) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    return tuple(float(v) for v in value) if isinstance(value, list) else (float(value),)
+
+
 class Detect(BaseModel):
     """``detect:``: a one-sided CUSUM on the chain model's per-token acceptance, instead of a
     threshold. It fires when the evidence that acceptance fell from ``in_control`` to ``shift_to``
     (or by ``drop``) reaches h = ln(false_alarm_every / interval), so that in-control traffic
-    raises at most one false alarm per ``false_alarm_every`` on average (Lorden's bound)."""
+    raises at most one false alarm per ``false_alarm_every`` on average (Lorden's bound).
+
+    Several levels (``drop: [0.12, 0.3]``) run one CUSUM each, and the rule fires when any of them
+    reaches h + ln(n): a small drop is caught by the first, a collapse sooner by the second, and
+    the false-alarm bound holds for all of them together."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -120,8 +130,8 @@ class Detect(BaseModel):
     # α0: a number, the baseline file's token_acceptance for the series' model, or learned over
     # the warm-up.
     in_control: float | Literal["learn", "baseline"] = "learn"
-    shift_to: float | None = None  # α1, the level to detect
-    drop: float | None = None  # or α1 = α0 - drop
+    shift_to: float | list[float] | None = None  # α1, the level(s) to detect
+    drop: float | list[float] | None = None  # or α1 = α0 - drop
     false_alarm_every: Duration = Field(30 * 86400.0, gt=0)
     # Windows of traffic, taken as in control, that estimate the overdispersion φ (and α0 when
     # learned) before the detector judges; kept in the store across restarts.
@@ -133,22 +143,48 @@ class Detect(BaseModel):
     def _shift(self) -> Detect:
         if (self.shift_to is None) == (self.drop is None):
             raise ValueError("give one of `shift_to` (the acceptance to detect) or `drop` (how far it falls)")
-        _probability(self.shift_to, "shift_to")
-        _probability(self.drop, "drop")
+        if (isinstance(self.shift_to, list) and not self.shift_to) or (
+            isinstance(self.drop, list) and not self.drop
+        ):
+            raise ValueError("give at least one level to detect")
+        for value in _levels(self.shift_to):
+            _probability(value, "shift_to")
+        for value in _levels(self.drop):
+            _probability(value, "drop")
         if isinstance(self.in_control, float | int):
             _probability(float(self.in_control), "in_control")
-            alpha1 = self.shift_to if self.shift_to is not None else float(self.in_control) - (self.drop or 0)
-            if alpha1 >= self.in_control or alpha1 <= 0:
-                raise ValueError(
-                    f"the shifted acceptance ({alpha1:g}) must lie below in_control ({self.in_control:g}) "
-                    "and above 0"
-                )
+            for alpha1 in self.shifted(float(self.in_control)):
+                if alpha1 >= self.in_control or alpha1 <= 0:
+                    raise ValueError(
+                        f"the shifted acceptance ({alpha1:g}) must lie below in_control "
+                        f"({self.in_control:g}) and above 0"
+                    )
         return self
 
+    @property
+    def levels(self) -> int:
+        return len(_levels(self.shift_to) or _levels(self.drop))
+
+    def shifted(self, alpha0: float) -> tuple[float, ...]:
+        """The acceptances to detect when the in-control one is ``alpha0``."""
+        if self.shift_to is not None:
+            return _levels(self.shift_to)
+        return tuple(alpha0 - drop for drop in _levels(self.drop))
+
     def describe(self) -> str:
-        start = self.in_control if isinstance(self.in_control, str) else f"{self.in_control:g}"
-        shift = f"to {self.shift_to:g}" if self.shift_to is not None else f"by {self.drop:g}"
-        return f"CUSUM: acceptance {start} falling {shift}"
+        """``CUSUM on per-token acceptance: a fall of 0.12 / 0.3 from the learned level``."""
+        to = " / ".join(f"{v:g}" for v in _levels(self.shift_to))
+        by = " / ".join(f"{v:g}" for v in _levels(self.drop))
+        level = {"learn": "the learned level", "baseline": "the baseline's level"}
+        if isinstance(self.in_control, str):
+            what = f"a fall to {to}" if to else f"a fall of {by}"
+            return f"CUSUM on per-token acceptance: {what} from {level[self.in_control]}"
+        start = f"{self.in_control:g}"
+        return (
+            f"CUSUM on per-token acceptance: {start} falling to {to}"
+            if to
+            else (f"CUSUM on per-token acceptance: {start} falling by {by}")
+        )
 
 
 class Rule(BaseModel):
@@ -242,7 +278,7 @@ class Rule(BaseModel):
         """What a series is compared with: the condition, "firing alerts > 0" for an alert rule, or
         "G >= h" for a detector (h comes with the interval: ``daemon.detection`` sets it)."""
         if self.detect is not None:
-            return Condition(op=">=", constant=math.inf, text=f"{self.detect.describe()}: G >= h")
+            return Condition(op=">=", constant=math.inf, text="G >= h")
         return self.condition if self.condition is not None else ALERT_CONDITION
 
     def takes_alert(self, labels: Mapping[str, str], status: str) -> bool:

@@ -59,6 +59,8 @@ HEALTHY_TEMPERATURE = 0.0
 HOT_TEMPERATURE = 1.5
 CHANNEL = "C0DEMO0NCALL"
 FALLBACK_RULE = "acceptance_fallback"
+DETECTOR_RULE = "acceptance_collapse"
+DETECTOR_WARMUP = 10.0  # seconds of healthy traffic the detector calibrates on
 FLAG_FILE = "flag.json"
 # The simulated draft's cost per step against the target's (c): a small draft model's. With it,
 # healthy speculation is about twice as fast as standard decoding and collapsed speculation about a
@@ -122,6 +124,11 @@ def scaled_rules(factor: int) -> dict[str, Any]:
         if rule["name"] == FALLBACK_RULE:
             rule["actions"] = ["log", "fallback", "oncall"]
             rule["no_data"] = "ok"
+        if rule["name"] == DETECTOR_RULE:
+            # Its hour of warm-up, shortened to the demo's healthy seconds; it only logs, beside
+            # the playbook rule that drives the fallback, to show how much sooner it sees the drop.
+            rule["detect"]["warmup"] = format_duration(DETECTOR_WARMUP)
+            rule["detect"]["min_trials"] = 20
     return dict(pack)
 
 
@@ -194,7 +201,11 @@ class DemoRun:
         t = self.terminal
         arrow = f"{event.previous.value} -> {event.kind.value}"
         value = "no data" if event.value is None else f"{event.value:.3g}"
-        text = f"{event.rule:<{NAME_WIDTH}} {arrow:<20} {item.rule.signal} = {value} ({item.rule.test})"
+        if item.rule.detect is not None:  # a detector's value is its evidence, not acceptance
+            h = "?" if event.threshold is None else f"{event.threshold:.3g}"
+            text = f"{event.rule:<{NAME_WIDTH}} {arrow:<20} CUSUM G = {value} (h = {h})"
+        else:
+            text = f"{event.rule:<{NAME_WIDTH}} {arrow:<20} {item.rule.signal} = {value} ({item.rule.test})"
         if event.kind.value == "firing":
             self.fired.setdefault(event.rule, t.now())
             t.line(text, "bold", "red")

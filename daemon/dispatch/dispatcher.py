@@ -67,6 +67,9 @@ def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
         if rule.alert is not None and rule.alert_only:
             matchers = ", ".join(str(m) for m in rule.alert.matchers)
             summary = f"{value} Alertmanager alert(s) {{{matchers}}} firing on {where}"
+        elif rule.detect is not None:
+            h = "?" if event.threshold is None else f"{event.threshold:.4g}"
+            summary = f"{rule.detect.describe()}: G = {value} of h = {h} on {where}"
         else:
             summary = f"{rule.signal or 'expr'} = {value} ({rule.test}) on {where}"
     return summary, annotations

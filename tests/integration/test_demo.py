@@ -23,6 +23,7 @@ from sim.demo import CHANNEL, Terminal, report_section
 
 MILESTONES = {
     "drop": r"traffic moves to temperature 1\.5",
+    "detected": r"acceptance_collapse +pending -> firing +CUSUM G = [\d.]+ \(h = [\d.]+\)",
     "firing": r"acceptance_fallback +pending -> firing",
     "engaged": r"action fallback: ok: fallback engaged: wrote \S+flag\.json",
     "moved": r"router: flag\.json says speculative: false -> traffic to standard decoding",
@@ -60,6 +61,8 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
         assert len(found) == 1, (name, out)
         at[name] = found[0]
     assert at["drop"] < at["firing"] < at["engaged"] < at["moved"] < at["calm"]
+    # The collapse detector (logging only) sees the drop before the playbook rule does.
+    assert at["drop"] < at["detected"] < at["firing"]
     assert at["engaged"] < at["posted"]  # the notice waits its group_wait, then says the fallback's outcome
     assert at["moved"] < at["resolved"] < at["restored"] < at["back"]
     assert at["calm"] < at["restored"]
@@ -137,7 +140,8 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     ), section
     assert re.fullmatch(r"  fallback  1 to standard decoding, \d+\.\d s in fallback", section[2]), section
     assert re.fullmatch(
-        r"  rules     acceptance_fallback fired 1, resolved 1, acted \d+\.\d s after the breach began",
+        r"  rules     acceptance_collapse fired 1, resolved [01], acted \d+\.\d s after the breach began; "
+        r"acceptance_fallback fired 1, resolved 1, acted \d+\.\d s after the breach began",
         section[3],
     ), section
     missing = charts_missing()

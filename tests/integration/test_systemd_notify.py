@@ -74,9 +74,9 @@ async def test_ready_status_watchdog_reload_and_stop_follow_the_protocol(
         # Serving (the HTTP server answered at once) and judging (every rule has a verdict).
         assert isinstance(ready.seen, dict), ready.seen
         rules = ready.seen["rules"]
-        assert len({r["rule"] for r in rules}) == 6
+        assert len({r["rule"] for r in rules}) == 7
         assert all(r["verdict"] is not None for r in rules), [(r["rule"], r["verdict"]) for r in rules]
-        assert ready.fields["STATUS"].startswith("6 rules; ")
+        assert ready.fields["STATUS"].startswith("7 rules; ")
         assert "\n" not in ready.fields["STATUS"]
 
         # Watchdog: from before READY on, at half of WATCHDOG_USEC.
@@ -93,7 +93,7 @@ async def test_ready_status_watchdog_reload_and_stop_follow_the_protocol(
         assert int(reloading.fields["MONOTONIC_USEC"]) > 0
         again = await asyncio.to_thread(sock.wait_for, "READY=1", 30, sock.messages.index(reloading) + 1)
         assert again.monotonic > reloading.monotonic
-        assert again.fields["STATUS"].startswith("6 rules; ")
+        assert again.fields["STATUS"].startswith("7 rules; ")
 
         # SIGTERM: STOPPING=1, then a clean exit.
         mark = len(sock.messages)

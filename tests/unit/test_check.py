@@ -161,12 +161,12 @@ def test_the_shipped_rules_that_need_a_baseline_are_only_warnings_without_one(
     warnings = warning_lines(err)
     assert len(warnings) == 2, err
     assert re.fullmatch(
-        r"builtin:speculative:\d+: warning: rules\[3\]\.condition: "
+        r"builtin:speculative:\d+: warning: rules\[4\]\.condition: "
         r"refers to the baseline, but no baseline file is configured.*",
         warnings[0],
     )
     assert re.fullmatch(
-        r"builtin:speculative:\d+: warning: rules\[5\]\.signal: estimated_speedup needs the draft's cost .*",
+        r"builtin:speculative:\d+: warning: rules\[6\]\.signal: estimated_speedup needs the draft's cost .*",
         warnings[1],
     )
 

@@ -150,7 +150,7 @@ async def test_in_control_is_learned_over_the_warm_up() -> None:
     shown = row["detector"]
     assert shown["h"] == pytest.approx(H) and shown["warming_up"] is False
     assert shown["in_control"] == pytest.approx(0.62, abs=0.02)
-    assert shown["shift_to"] == pytest.approx(shown["in_control"] - 0.2)
+    assert shown["shift_to"] == [pytest.approx(shown["in_control"] - 0.2)]
     assert shown["warmup"] == "10/10 windows" and shown["phi"] >= 1
 
 
@@ -265,3 +265,18 @@ def test_h_follows_the_interval_and_the_false_alarm_target() -> None:
     spec = spec_of(item, 15.0)
     assert spec.condition.constant == pytest.approx(math.log(7 * 86400 / 10))
     assert spec.forget_after >= 7 * 86400  # the calibration outlives a quiet spell
+
+
+async def test_several_levels_run_a_cusum_each_against_h_plus_ln_n() -> None:
+    # A collapse fires sooner on the deep level's statistic; the threshold pays ln 2 for two.
+    run = Run(detector_rule(shift_to=[0.65, 0.45], phi=1.0))
+    state = await run.window(0.75)
+    assert state.threshold == pytest.approx(H + math.log(2))
+    assert state.detector is not None and len(state.detector["gs"]) == 2
+    state = await run.window(0.5, trials=150)
+    shallow, deep = state.detector["gs"] if state.detector else (0.0, 0.0)
+    assert deep > shallow > 0 and state.value == deep
+    assert state.state is State.FIRING  # 150 trials at 0.5 with phi 1: about 21 on the deep level
+    state = await run.window(0.75)  # 1,000 trials back at 0.75 take both far below h
+    assert state.state is State.RESOLVED
+    assert state.detector is not None and state.detector["gs"] == [0.0, 0.0]

@@ -214,3 +214,44 @@ def test_the_sprt_stops_on_the_right_side_with_its_stated_error_rates() -> None:
 def test_an_sprt_that_cannot_decide_is_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Sprt(**kwargs)
+
+
+def test_the_readmes_table_of_playbook_thresholds_is_alpha_for_rate() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for rate in (0.5, 0.4, 0.3):
+        row = f"| {rate} | " + " | ".join(f"{alpha_for_rate(rate, k):.2f}" for k in range(1, 9)) + " |"
+        assert row in readme, row
+
+
+def test_windows_that_share_requests_get_the_long_run_dispersion_of_their_sums() -> None:
+    # 16 requests, each going on to the next window with probability 2/3: consecutive windows
+    # share most of their requests. What a CUSUM adds up is sums of many windows, whose spread is
+    # that of blocks of windows (batch means, 60 at a time), well above a single window's.
+    rng = np.random.default_rng(9)
+    windows, slots, per_window = 9000, 16, 50
+    factors = rng.beta(14.0, 6.0, slots)
+    successes, trials = [], []
+    for _ in range(windows):
+        renew = rng.random(slots) < 1 / 3
+        factors = np.where(renew, rng.beta(14.0, 6.0, slots), factors)
+        s = rng.binomial(per_window, factors)
+        successes.append(float(s.sum()))
+        trials.append(float(slots * per_window))
+    d = Dispersion()
+    for s, n in zip(successes, trials, strict=True):
+        d.add(s, n)
+    block = Dispersion()
+    for i in range(0, windows, 60):
+        block.add(sum(successes[i : i + 60]), sum(trials[i : i + 60]))
+    assert d.window_phi is not None and d.phi is not None and block.window_phi is not None
+    assert d.autocorrelation(1) == pytest.approx(2 / 3 * (1 - 1 / d.window_phi), abs=0.05)
+    assert d.phi == pytest.approx(block.window_phi, rel=0.25)
+    assert d.phi > 3 * d.window_phi
+    restored = Dispersion.from_json(d.to_json())
+    assert restored.phi == pytest.approx(d.phi)
+    # A gap breaks the chain of neighbours: the next window is not paired with the last one.
+    before = d.cross["1"][0]
+    d.add(700.0, 800.0, follows=False)
+    assert d.cross["1"][0] == before
