@@ -101,23 +101,22 @@ class Canary:
 
     async def probe(self) -> CanaryResult:
         p = self.params
-        if p.sprt is not None:
-            return await self._sequential(p.sprt)
-        assert p.min_acceptance is not None
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         try:
             async with (
                 asyncio.timeout(p.timeout),
-                aiohttp.ClientSession(headers=headers) as session,
+                aiohttp.ClientSession(headers=self._headers()) as session,
             ):
                 model = p.model or await self._model(session)
+                if p.sprt is not None:
+                    return await self._sequential(session, model, p.sprt)
                 before = spec_counts(await self._get(session, "/metrics"))
-                sent = await asyncio.gather(*(self._complete(session, model, i) for i in range(p.requests)))
+                sent = await self._round(session, model)
                 after = spec_counts(await self._get(session, "/metrics"))
         except TimeoutError:
             return CanaryResult(False, f"canary: {p.url} did not answer within {p.timeout:g}s")
         except (aiohttp.ClientError, ValueError) as exc:
             return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:300])
+        assert p.min_acceptance is not None
         accepted, drafted = after[0] - before[0], after[1] - before[1]
         tokens = sum(sent)
         if drafted < 0 or accepted < 0:
@@ -143,26 +142,22 @@ class Canary:
             drafted,
         )
 
-    async def _sequential(self, sprt: SprtParams) -> CanaryResult:
+    async def _sequential(self, session: aiohttp.ClientSession, model: str, sprt: SprtParams) -> CanaryResult:
         """Rounds of ``requests`` until Wald's test says recovered (restore) or not (keep)."""
-        p = self.params
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        try:
-            async with (
-                asyncio.timeout(p.timeout),
-                aiohttp.ClientSession(headers=headers) as session,
-            ):
-                model = p.model or await self._model(session)
 
-                async def send_round() -> None:
-                    await asyncio.gather(*(self._complete(session, model, i) for i in range(p.requests)))
+        async def send_round() -> None:
+            await self._round(session, model)
 
-                verdict = await sprt_probe(sprt, lambda: self._get(session, "/metrics"), send_round, "canary")
-        except TimeoutError:
-            return CanaryResult(False, f"canary: {p.url} did not answer within {p.timeout:g}s")
-        except (aiohttp.ClientError, ValueError) as exc:
-            return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:300])
+        verdict = await sprt_probe(sprt, lambda: self._get(session, "/metrics"), send_round, "canary")
         return CanaryResult(verdict.decision is Decision.RECOVERED, verdict.detail, verdict.alpha)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    async def _round(self, session: aiohttp.ClientSession, model: str) -> list[int]:
+        """The canary's ``requests`` completions, at once; the tokens each generated."""
+        n = self.params.requests
+        return list(await asyncio.gather(*(self._complete(session, model, i) for i in range(n))))
 
     async def _get(self, session: aiohttp.ClientSession, path: str) -> str:
         async with session.get(self.params.url + path) as answer:
