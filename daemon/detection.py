@@ -59,6 +59,7 @@ class DetectorState:
     alpha: float | None = None  # the last window's α̂
     trials: float | None = None  # the last window's S + F
     windows: int = 0  # windows judged since the warm-up
+    seen: float | None = None  # when the last window with data came (warm-up neighbours)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,7 @@ class DetectorState:
             "alpha": self.alpha,
             "trials": self.trials,
             "windows": self.windows,
+            "seen": self.seen,
         }
 
     @classmethod
@@ -91,6 +93,7 @@ class DetectorState:
             alpha=number("alpha"),
             trials=number("trials"),
             windows=int(number("windows") or 0),
+            seen=number("seen"),
         )
 
 
@@ -109,8 +112,10 @@ def judge(
     answer: SourceResult,
     previous: Mapping[str, SeriesState],
     baseline: Baseline | None,
+    now: float,
 ) -> Judged:
-    """Step every series of ``answer`` (token_acceptance over one interval) through its detector."""
+    """Step every series of ``answer`` (token_acceptance over one interval, evaluated at ``now``)
+    through its detector."""
     if answer.error is not None:
         return Judged(answer, {})
     h = h_of(detect, interval)
@@ -131,9 +136,11 @@ def judge(
         if isinstance(given, str):  # said at once, not after an hour of warm-up
             invalid.append(Invalid(dict(series.labels), given))
             continue
-        state = replace(state, alpha=series.value, trials=trials)
+        # Neighbours for the autocorrelation: this window follows the last one with data.
+        follows = state.seen is not None and now - state.seen <= 1.5 * interval
+        state = replace(state, alpha=series.value, trials=trials, seen=now)
         if _warming(detect, state, needed):
-            state.warmup.add(successes, trials)
+            state.warmup.add(successes, trials, follows)
             if not _warming(detect, state, needed):  # the warm-up is complete: the next window is judged
                 state.phi = state.warmup.phi
                 if given is None:

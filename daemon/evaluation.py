@@ -215,7 +215,7 @@ async def evaluate_rule(
     if detect is not None:
         every = item.rule.interval or interval
         answer = await query(item, source, baseline, every)
-        judged = detection.judge(detect, every, answer, previous, baseline)
+        judged = detection.judge(detect, every, answer, previous, baseline, now)
         h = detection.h_of(detect, every)
         outcome = evaluate(spec_of(item, interval), judged.result, h, previous, now, trigger)
         return detection.settle(outcome, judged, previous, now), answer

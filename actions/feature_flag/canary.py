@@ -10,16 +10,13 @@ import math
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from actions.acceptance import SprtParams, sprt_probe
+from actions.acceptance import SprtParams, sprt_probe, totals
 from common.secrets import SecretRef
 from common.sequential import Decision
 from rules.durations import Duration
 
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
 # Prompts whose continuations a draft model usually predicts well and badly alike: a mix, so that
 # the canary sees acceptance as served traffic would rather than at its best.
 PROMPTS = (
@@ -82,18 +79,6 @@ class CanaryResult:
     drafted: float = 0.0
 
 
-def spec_counts(page: str) -> tuple[float, float]:
-    """(accepted, drafted) tokens summed over the page's engines and models."""
-    accepted = drafted = 0.0
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            if sample.name == ACCEPTED:
-                accepted += sample.value
-            elif sample.name == DRAFTED:
-                drafted += sample.value
-    return accepted, drafted
-
-
 class Canary:
     def __init__(self, params: CanaryParams, token: str | None) -> None:
         self.params = params
@@ -109,15 +94,16 @@ class Canary:
                 model = p.model or await self._model(session)
                 if p.sprt is not None:
                     return await self._sequential(session, model, p.sprt)
-                before = spec_counts(await self._get(session, "/metrics"))
+                before = totals(await self._get(session, "/metrics"))
                 sent = await self._round(session, model)
-                after = spec_counts(await self._get(session, "/metrics"))
+                after = totals(await self._get(session, "/metrics"))
         except TimeoutError:
             return CanaryResult(False, f"canary: {p.url} did not answer within {p.timeout:g}s")
         except (aiohttp.ClientError, ValueError) as exc:
             return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:300])
         assert p.min_acceptance is not None
-        accepted, drafted = after[0] - before[0], after[1] - before[1]
+        counted = after.minus(before)
+        accepted, drafted = counted.accepted, counted.draft_tokens
         tokens = sum(sent)
         if drafted < 0 or accepted < 0:
             return CanaryResult(

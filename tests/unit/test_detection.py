@@ -280,3 +280,16 @@ async def test_several_levels_run_a_cusum_each_against_h_plus_ln_n() -> None:
     state = await run.window(0.75)  # 1,000 trials back at 0.75 take both far below h
     assert state.state is State.RESOLVED
     assert state.detector is not None and state.detector["gs"] == [0.0, 0.0]
+
+
+async def test_a_gap_in_the_warm_up_does_not_pair_windows_that_were_not_neighbours() -> None:
+    run = Run(detector_rule())  # ten windows of warm-up
+    for _ in range(4):
+        await run.window(0.75)
+    await run.window(None)  # a window without data between them
+    for _ in range(6):
+        state = await run.window(0.75)
+    assert state.detector is not None
+    warmup = state.detector["warmup"]
+    assert warmup["windows"] == 10
+    assert warmup["cross"]["1"][0] == 3 + 5  # pairs within each run of neighbours, none across
