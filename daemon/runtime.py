@@ -487,6 +487,8 @@ class Daemon:
                 log.exception("rule %s: evaluation failed", item.name)
                 self.metrics.evaluations.labels(item.name, Verdict.ERROR.value).inc()
                 self._note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
+            finally:
+                self._evaluated(item.name)  # a failed evaluation is a verdict too: it must not hold READY
         label = format_duration(interval) if interval else "all"
         self.metrics.evaluation_duration.labels(label).observe(time.monotonic() - started)
         self.last_round = time.time()
@@ -494,6 +496,12 @@ class Daemon:
             self.last_round_of[each] = self.last_round
         self.metrics.last_evaluation.set(self.last_round)
         self._tell_status()
+
+    def _evaluated(self, name: str) -> None:
+        """Rule ``name`` has been evaluated (stored, or failed) since the start: READY=1 once all have."""
+        self._unevaluated.discard(name)
+        if not self._unevaluated:
+            self._first_rounds.set()
 
     def _status_line(self) -> str:
         targets: Any = getattr(self.source, "target_health", None)
@@ -558,9 +566,7 @@ class Daemon:
             states = outcome.states
         self.states[name] = states
         self.rule_verdicts[name] = _rule_verdict(outcome, result)
-        self._unevaluated.discard(name)
-        if not self._unevaluated:
-            self._first_rounds.set()
+        self._evaluated(name)  # before its actions run: they must not hold READY
         self._note_error(name, outcome.error)
         verdicts = list(outcome.verdicts.values()) or [Verdict.ERROR if outcome.error else Verdict.NO_DATA]
         for verdict in verdicts:

@@ -227,3 +227,24 @@ async def test_a_reload_that_changes_the_targets_scrapes_the_new_ones(tmp_path: 
         assert daemon.source is not first
     finally:
         await daemon.shutdown()
+
+
+class BrokenSource(SlowSource):
+    """Every query raises: a bug in a source, not a failed scrape."""
+
+    async def query_signal(
+        self, signal: Signal, window: float, group_by: Sequence[str], *_: object
+    ) -> SourceResult:
+        raise RuntimeError("source bug")
+
+
+async def test_a_rule_whose_evaluation_raises_does_not_hold_the_start_forever(tmp_path: Path) -> None:
+    # READY=1 waits for every rule's first evaluation; one that raises has been evaluated too.
+    path = config(tmp_path)
+    daemon = Daemon(load(path), path)
+    daemon.source = BrokenSource(delay=0)
+    await asyncio.wait_for(daemon.start(handle_signals=False), timeout=20)
+    try:
+        assert daemon.rule_errors["low"] == "evaluation failed: RuntimeError: source bug"
+    finally:
+        await daemon.shutdown()
