@@ -34,6 +34,7 @@ class StoreError(Exception):
 
 
 SCHEMA_VERSION = 7
+BUSY_TIMEOUT = 5.0  # seconds a statement waits for another connection's lock
 # Columns each schema version added to a table, so an older database is brought up to date.
 _COLUMNS_SINCE = {
     2: (
@@ -463,12 +464,11 @@ class Store:
 
 
 def _connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None)
+    db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT)
     db.row_factory = sqlite3.Row
-    db.execute("PRAGMA journal_mode=WAL")
+    _switch_to_wal(db)
     db.execute(f"PRAGMA synchronous={synchronous}")
     db.execute("PRAGMA foreign_keys=ON")
-    db.execute("PRAGMA busy_timeout=5000")
     # Checkpoint the WAL into the database every 8,000 pages (about 32 MB) rather than SQLite's
     # 1,000: a stream of small commits rewrites the same few pages, and a rarer checkpoint copies
     # each of them once instead of many times. The WAL file is kept at up to 64 MB, not cut back
@@ -477,6 +477,22 @@ def _connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     db.execute("PRAGMA wal_autocheckpoint=8000")
     db.execute(f"PRAGMA journal_size_limit={64 * 2**20}")
     return db
+
+
+def _switch_to_wal(db: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting for a lock as any other statement would. Turning a new
+    database to WAL takes an exclusive lock, and SQLite answers SQLITE_BUSY at once there instead of
+    calling its busy handler: two processes opening a new file together (the daemon starting while
+    ``specguard ladder show`` reads it) failed one of them with "database is locked"."""
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _open(path: Path) -> sqlite3.Connection:

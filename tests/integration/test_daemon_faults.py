@@ -1,6 +1,7 @@
 """`specguard run` in its own process against the faults of a host: a full disk under its state, a
 connection flood on its port, a state directory it cannot use, credentials in a target's URL, and a
---state-dir given relative to where the command runs."""
+--state-dir given relative to where the command runs, and a second process opening the new
+state database at the same moment."""
 
 from __future__ import annotations
 
@@ -284,3 +285,40 @@ async def test_a_state_dir_on_the_command_line_is_relative_to_where_the_command_
         process.terminate()
         process.wait(timeout=15)
     assert not (config.parent / "here").exists()
+
+
+def _open_store_when_told(path: str, start: Any, errors: Any) -> None:
+    from daemon.store import _open
+
+    start.wait()
+    try:
+        _open(Path(path)).close()
+    except sqlite3.Error as exc:
+        errors.put(f"{exc.sqlite_errorname}: {exc}")
+
+
+def test_two_processes_opening_a_new_state_database_together_both_open_it(tmp_path: Path) -> None:
+    """The daemon starting while `specguard ladder show` (or history, report) opens the database it
+    is creating: turning a new file to WAL takes an exclusive lock that SQLite does not wait for by
+    itself. Once, in a loaded CI run, the daemon lost that race and exited ("database is locked")."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for attempt in range(60):
+        path = tmp_path / str(attempt) / "specguard.db"
+        path.parent.mkdir()
+        start = context.Event()
+        openers = [
+            context.Process(target=_open_store_when_told, args=(str(path), start, errors)) for _ in range(3)
+        ]
+        for opener in openers:
+            opener.start()
+        start.set()
+        for opener in openers:
+            opener.join(30)
+            assert opener.exitcode == 0
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == []
