@@ -13,8 +13,14 @@ list is compressed: a minute of a server costs about 150 bytes.
 
 Each scrape's increase and the scrape itself (the reference for the next increase) are written in
 one transaction, so a daemon killed between two scrapes loses nothing: the next one, after a
-restart, is compared with the last one stored. The counts vLLM made while the daemon was down are
-added to the minute of the first scrape after it.
+restart, is compared with the last one stored. What vLLM counted while the daemon was not looking
+(longer than ``SPREAD_AFTER``) is spread evenly over the minutes it missed, up to ``SPREAD_MOST``:
+added to the first minute after it, a day's requests would read as one minute's, and inflate that
+day's rates. A longer gap's counts are not kept (said in a warning); when they were made is unknown.
+
+Beside the drafts, each minute counts them by the k they were made with (``drafts:k=N``, N the
+per-position series the server had): a week with a ladder step holds drafts of two k, and position
+i's rate is over the drafts that had a position i.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ log = logging.getLogger("specguard.history")
 MINUTE = 60
 HOUR = 3600
 MINUTES = "minutes"  # in an hour's row: how many minute rows it sums
+DRAFTS_BY_K = "drafts:k="  # drafts:k=5: the drafts made while the server had 5 positions
+
+# Gaps between two scrapes of a server: up to SPREAD_AFTER, the increase goes to the minute of the
+# later scrape (two minutes cover a scrape interval of up to a minute and a late scrape); beyond
+# it, over the minutes of the gap; beyond SPREAD_MOST, it is not kept.
+SPREAD_AFTER = 2 * MINUTE
+SPREAD_MOST = 24 * HOUR
 
 
 # Counters: sample name -> component name (the position of the per-position counter is appended).
@@ -88,8 +101,10 @@ def increases(previous: Snapshot, current: Snapshot) -> dict[str, Components]:
 
     Per raw series, as Prometheus's ``increase``: a value below the previous one is a restart from
     0, so its whole value is the increase. A series the previous scrape lacked has no increase yet.
+    The drafts are also counted under the k the server had (``drafts:k=N``).
     """
     out: dict[str, Components] = {}
+    k = _positions(current)
     for sample, series in current.items():
         before = previous.get(sample)
         if before is None:
@@ -104,9 +119,24 @@ def increases(previous: Snapshot, current: Snapshot) -> dict[str, Components]:
                 continue
             grown = value if value < last else value - last
             if grown:
-                parts = out.setdefault(named.get("model_name", ""), {})
+                model = named.get("model_name", "")
+                parts = out.setdefault(model, {})
                 parts[key] = parts.get(key, 0.0) + grown
+                if key == "drafts" and k.get(model):
+                    by_k = f"{DRAFTS_BY_K}{k[model]}"
+                    parts[by_k] = parts.get(by_k, 0.0) + grown
     return out
+
+
+def _positions(snapshot: Snapshot) -> dict[str, int]:
+    """Each model's draft positions (num_speculative_tokens): vLLM creates one per-position series
+    per position at startup, so a server's positions are there before any draft reached them."""
+    seen: dict[str, set[str]] = {}
+    for name in catalog.SPEC_ACCEPTED_PER_POS.names:
+        for labels in snapshot.get(name, {}):
+            named = dict(labels)
+            seen.setdefault(named.get("model_name", ""), set()).add(named.get("position", ""))
+    return {model: len(found) for model, found in seen.items()}
 
 
 def gauges(snapshot: Snapshot) -> dict[str, Components]:
@@ -249,16 +279,66 @@ def record(db: sqlite3.Connection, scrapes: Iterable[tuple[str, float, Snapshot]
             minute = int(at // MINUTE) * MINUTE
             per_model = gauges(snapshot)
             if last is not None:
-                for model, parts in increases(last[1], snapshot).items():
-                    merge(per_model.setdefault(model, {}), parts)
+                grown = increases(last[1], snapshot)
+                gap = at - last[0]
+                if gap <= SPREAD_AFTER:
+                    for model, parts in grown.items():
+                        merge(per_model.setdefault(model, {}), parts)
+                elif gap <= SPREAD_MOST:
+                    for model, parts in grown.items():
+                        series = tables.series_id(instance, model)
+                        for start, share in _shares(last[0], at):
+                            tables.add(series, start, {key: value * share for key, value in parts.items()})
+                            touched += 1
+                elif grown:
+                    log.warning(
+                        "history of %s: %s since its last scrape; what the server counted meanwhile is "
+                        "not kept (when it was counted is unknown)",
+                        instance,
+                        _hours(gap),
+                    )
             for model, parts in per_model.items():
                 tables.add(tables.series_id(instance, model), minute, parts)
                 touched += 1
+            reference = _carried(snapshot, last[1] if last is not None else {})
             db.execute(
                 "INSERT OR REPLACE INTO history_last (instance, at, snapshot) VALUES (?, ?, ?)",
-                (instance, at, _encode_snapshot(snapshot)),
+                (instance, at, _encode_snapshot(reference)),
             )
     return touched
+
+
+def _shares(start: float, end: float) -> list[tuple[int, float]]:
+    """The minutes ``(start, end]`` covers and the share of it each holds."""
+    out = []
+    minute = int(start // MINUTE) * MINUTE
+    while minute < end:
+        covered = min(end, minute + MINUTE) - max(start, minute)
+        if covered > 0:
+            out.append((minute, covered / (end - start)))
+        minute += MINUTE
+    return out
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / HOUR:.1f} h"
+
+
+def _carried(snapshot: Snapshot, before: Snapshot) -> dict[str, dict[Labels, float]]:
+    """``snapshot`` as the next scrape's reference: a sample that is not a number keeps the value it
+    had before (or is left out), so the next real value's increase is counted from that one."""
+    out: dict[str, dict[Labels, float]] = {}
+    for name, series in snapshot.items():
+        kept: dict[Labels, float] = {}
+        for labels, value in series.items():
+            if math.isfinite(value):
+                kept[labels] = value
+            else:
+                previous = before.get(name, {}).get(labels)
+                if previous is not None and math.isfinite(previous):
+                    kept[labels] = previous
+        out[name] = kept
+    return out
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def build(
     previous = history.read(db, start - span, start)
     series = [
         _series(instance, model, current.get((instance, model), []), previous.get((instance, model), []),
-                baseline)
+                baseline, _k_at_end(db, instance, model, current.get((instance, model), [])))
         for instance, model in sorted(set(current) | set(previous))
     ]  # fmt: skip
     from report.recommend import recommendations
@@ -87,16 +87,32 @@ def _grouped(spans: Iterable[Span], key: Callable[[int], Any]) -> dict[Any, list
     return out
 
 
-def _acceptance(minutes: list[Span], cost: float | None, k: int | None) -> dict[str, Any]:
+def _acceptance(minutes: list[Span], cost: float | None) -> dict[str, Any]:
     parts, count = fig.total(minutes)
     figures = fig.figures(parts, count, cost)
-    # A day or hour without drafts of its own still uses the week's k (vLLM's positions are fixed).
-    figures["estimated_speedup"] = fig.speedup(figures["mean_acceptance_length"], k, cost)
     return {name: figures[name] for name in _ACCEPTANCE}
 
 
+def _k_at_end(db: sqlite3.Connection, instance: str, model: str, spans: list[Span]) -> int | None:
+    """The k the server had at the period's end: that of its newest drafts. When a ladder step fell
+    inside the newest hour with drafts, that hour's minutes tell which k came last."""
+    for span in reversed(spans):
+        by_k = fig.drafts_by_k(span.parts)
+        if len(by_k) > 1 and span.minutes > 1:
+            minutes = history.read(db, span.start, span.start + history.HOUR, hours=False)
+            return _k_at_end(db, instance, model, minutes.get((instance, model), []))
+        if by_k:
+            return max(by_k)  # one k; or two in one minute, which history cannot order
+    return None
+
+
 def _series(
-    instance: str, model: str, minutes: list[Span], before: list[Span], baseline: Baseline | None
+    instance: str,
+    model: str,
+    minutes: list[Span],
+    before: list[Span],
+    baseline: Baseline | None,
+    k_at_end: int | None,
 ) -> dict[str, Any]:
     labels = {"instance": instance, "model_name": model}
     cost, cost_source = _cost(baseline, labels)
@@ -104,7 +120,8 @@ def _series(
     previous_parts, previous_count = fig.total(before)
     now_figures = fig.figures(parts, count, cost)
     then_figures = fig.figures(previous_parts, previous_count, cost)
-    k = fig.positions(parts) or None
+    k = k_at_end or fig.positions(parts) or None
+    by_k = fig.drafts_by_k(parts)
     day = _grouped(minutes, lambda m: datetime.fromtimestamp(m, UTC).strftime("%Y-%m-%d"))
     hour = _grouped(minutes, lambda m: datetime.fromtimestamp(m, UTC).hour)
     hourly = _grouped(minutes, lambda m: m - m % 3600)
@@ -119,14 +136,18 @@ def _series(
         "instance": instance,
         "model": model,
         "k": k,
+        # the share of the period's drafts made with each k, when a ladder step changed it
+        "k_share": {str(n): made / sum(by_k.values()) for n, made in sorted(by_k.items())}
+        if len(by_k) > 1
+        else None,
         "draft_cost": cost,
         "draft_cost_source": cost_source,
         "minutes": count,
         "headline": {name: headline(now_figures[name], then_figures[name]) for name in HEADLINE},
         "per_position": fig.per_position(parts),
-        "by_day": [{"day": d, **_acceptance(m, cost, k)} for d, m in sorted(day.items())],
-        "by_hour_of_day": [{"hour": h, **_acceptance(m, cost, k)} for h, m in sorted(hour.items())],
-        "hourly": [{"at": iso(h), **_acceptance(m, cost, k)} for h, m in sorted(hourly.items())],
+        "by_day": [{"day": d, **_acceptance(m, cost)} for d, m in sorted(day.items())],
+        "by_hour_of_day": [{"hour": h, **_acceptance(m, cost)} for h, m in sorted(hour.items())],
+        "hourly": [{"at": iso(h), **_acceptance(m, cost)} for h, m in sorted(hourly.items())],
         "latency": latency,
     }
 

@@ -12,13 +12,15 @@ shape (version 1)::
       "series": [                                   # one per (instance, model)
         {
           "instance": "10.0.0.7:8000", "model": "llama-70b",
-          "k": 5,                                   # positions vLLM counted (num_speculative_tokens)
+          "k": 5,                                   # positions vLLM counted at the period's end
+          "k_share": null,                          # or {"3": 0.4, "5": 0.6}: drafts by k, when k changed
           "draft_cost": 0.05,                       # c, from the baseline file (null: unknown)
           "draft_cost_source": "baseline: method eagle3",
           "headline": {                             # the week, the week before, relative change
             "acceptance_rate": {"value": 0.62, "previous": 0.65, "change": -0.046}, ...
           },                                        # names: HEADLINE below
-          "per_position": [0.81, 0.62, ...],        # vLLM's p_i (unconditional), position 0 first
+          "per_position": [0.81, 0.62, ...],        # vLLM's p_i (unconditional) over the drafts that
+                                                    # had a position i, position 0 first
           "by_day": [{"day": "2026-11-30", "acceptance_rate": 0.6, "mean_acceptance_length": 3.1,
                       "estimated_speedup": 2.4, "drafts": 120000}, ...],
           "by_hour_of_day": [{"hour": 0, ...same fields...}, ...],   # UTC hours with data
@@ -35,7 +37,7 @@ shape (version 1)::
       "fallbacks": {"count": 1, "seconds": 5400.0,
                     "spans": [{"action": "fallback", "engaged": "...", "restored": "...",
                                "seconds": 5400.0}]},
-      "restarts": [{"at": "...", "action": "fewer_tokens", "status": "succeeded",
+      "restarts": [{"at": "...", "action": "fewer_tokens", "status": "ok",
                     "detail": "...", "k_from": 5, "k_to": 3}],
       "silences": [{"rule": "...", "starts": "...", "ends": "...", "reason": "...",
                     "author": "..."}],

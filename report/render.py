@@ -327,10 +327,24 @@ def _series(series: dict[str, Any], slug: str, images: set[str]) -> list[_Block]
     blocks: list[_Block] = [_Heading(2, charts.label(series))]
     cost = _number(series.get("draft_cost"))
     source = series.get("draft_cost_source")
+    shares = series.get("k_share")
+    mixed = ""
+    if isinstance(shares, dict) and shares:
+        told = [
+            f"k = {_text(k)} for {share * 100:.0f} %"
+            for k, share in shares.items()
+            if isinstance(share, float | int)
+        ]
+        mixed = (
+            f" (k changed in the period: {', '.join(told)} of the drafts; position i's rate is over the "
+            "drafts that had a position i)"
+        )
     blocks.append(
         _Paragraph(
-            f"k = {_count(series.get('k'))} draft positions counted; draft cost per step c = "
-            f"{MISSING if cost is None else f'{cost:g}'}" + (f" ({_text(source)})" if source else "") + "."
+            f"k = {_count(series.get('k'))} draft positions counted at the period's end{mixed}; draft cost "
+            f"per step c = {MISSING if cost is None else f'{cost:g}'}"
+            + (f" ({_text(source)})" if source else "")
+            + "."
         )
     )
 

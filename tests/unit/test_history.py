@@ -149,3 +149,58 @@ def test_a_counter_that_is_not_a_number_adds_nothing() -> None:
     assert history.increases(before, after) == {}
     assert history.increases(after, again) == {}
     assert history.increases(before, again) == {"m": {"drafts": 15.0}}
+
+
+async def test_a_scrape_that_accepted_nothing_still_counts_its_drafts_under_its_k(store: Store) -> None:
+    await _record(store, (T0 + 10, page(100, 0, (0, 0, 0))), (T0 + 20, page(160, 0, (0, 0, 0))))
+    (row,) = await _rows(store)
+    assert row.parts["drafts"] == 60 and row.parts["drafts:k=3"] == 60
+    assert "accepted" not in row.parts  # no increase: the report reads it as 0, not as missing
+
+
+async def test_a_ladder_step_counts_the_drafts_under_each_k(store: Store) -> None:
+    await _record(
+        store,
+        (T0 + 10, page(100, 150, (80, 50, 20))),
+        (T0 + 20, page(140, 200, (110, 65, 25))),  # k = 3: 40 drafts
+        (T0 + 30, page(10, 12, (8,))),  # restarted with k = 1: 10 drafts
+    )
+    (row,) = await _rows(store)
+    assert row.parts["drafts:k=3"] == 40 and row.parts["drafts:k=1"] == 10 and row.parts["drafts"] == 50
+
+
+async def test_what_was_counted_over_a_gap_is_spread_over_its_minutes(store: Store) -> None:
+    """A daemon down for 10 minutes: the 600 drafts vLLM made meanwhile are 60 a minute, not 600 in
+    the minute of the first scrape after it (which would read as ten times the traffic)."""
+    await _record(store, (T0, page(1000, 500, (400,))), (T0 + 600, page(1600, 800, (640,))))
+    rows = await _rows(store)
+    assert [r.start for r in rows] == [T0 + 60 * i for i in range(11)]
+    assert [r.parts.get("drafts", 0) for r in rows] == [pytest.approx(60)] * 10 + [0]  # (T0, T0 + 600]
+    assert sum(r.parts.get("accepted", 0) for r in rows) == pytest.approx(300)
+    assert rows[-1].parts["kv:n"] == 1  # the gauges are the scrape's own, in its minute
+
+
+async def test_a_gap_that_is_not_on_the_minute_is_shared_by_the_time_in_each_minute(store: Store) -> None:
+    await _record(store, (T0 + 30, page(0, 0, (0,))), (T0 + 330, page(300, 0, (0,))))
+    rows = await _rows(store)
+    drafts = [r.parts.get("drafts", 0) for r in rows]
+    assert drafts == [pytest.approx(30), *[pytest.approx(60)] * 4, pytest.approx(30)]
+
+
+async def test_a_gap_of_more_than_a_day_is_not_kept_and_says_so(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _record(store, (T0, page(1000, 500, (400,))), (T0 + 2 * 86400, page(9000, 4000, (3000,))))
+    rows = await _rows(store)
+    assert [r.start for r in rows] == [T0, T0 + 2 * 86400]
+    assert all("drafts" not in r.parts for r in rows)
+    assert "48.0 h since its last scrape" in caplog.text
+    await _record(store, (T0 + 2 * 86400 + 10, page(9030, 4010, (3008,))))  # counted on from there
+    assert (await _rows(store))[-1].parts["drafts"] == 30
+
+
+async def test_a_sample_that_is_not_a_number_leaves_the_reference_as_it_was(store: Store) -> None:
+    nan = page(100, 50, (40,)).replace(" 100\n", " NaN\n", 1)
+    await _record(store, (T0 + 10, page(90, 45, (36,))), (T0 + 20, nan), (T0 + 30, page(120, 60, (48,))))
+    (row,) = await _rows(store)
+    assert row.parts["drafts"] == 30  # 90 -> 120, through the NaN scrape

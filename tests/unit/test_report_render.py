@@ -138,7 +138,7 @@ def test_rules_fallbacks_restarts_and_silences_are_told_with_their_times() -> No
     assert "1 fallback to standard decoding, 1 h 30 min (5400 s) in fallback in total." in fallbacks
     assert "| fallback | 2026-12-02 14:09 UTC | 2026-12-02 15:39 UTC | 1 h 30 min |" in fallbacks
     restarts = section(text, "## Restarts and rung changes")
-    assert "| 2026-12-05 10:12 UTC | fewer_tokens | succeeded | 4 → 3 |" in restarts
+    assert "| 2026-12-05 10:12 UTC | fewer_tokens | ok | 4 → 3 |" in restarts
     assert f"| 2026-12-06 03:00 UTC | restart | failed | {DASH} |" in restarts
     silences = section(text, "## Silences")
     assert "| latency_regression | 2026-12-03 16:30 UTC | 2026-12-03 18:00 UTC | load test" in silences

@@ -1,0 +1,91 @@
+"""The report's figures from history as vLLM counts: a draft that accepted nothing, a ladder step
+inside the period, a daemon that was down for a while."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from daemon import history
+from daemon.baseline import parse_baseline
+from daemon.exposition import parse_exposition
+from daemon.store import Store
+from report.build import build
+
+T0 = 1_764_000_000.0 - 1_764_000_000.0 % 3600  # an hour's start
+COST = 0.1
+BASELINE = parse_baseline(
+    {"version": 2, "measured_at": "2026-12-01T00:00:00Z",
+     "entries": [{"model": "m", "speculative": {"method": "draft_model", "draft_cost": COST}}]}
+)  # fmt: skip
+
+
+def page(drafts: float, accepted_per_pos: tuple[float, ...], requests: float = 0) -> str:
+    """A vLLM page whose k is len(accepted_per_pos): drafts, k tokens each, accepted as a prefix."""
+    k = len(accepted_per_pos)
+    return "".join(
+        [
+            f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}\n',
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {drafts * k}\n',
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {sum(accepted_per_pos)}\n',
+            *(
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}\n'
+                for i, v in enumerate(accepted_per_pos)
+            ),
+            f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {requests}\n',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n',
+        ]
+    )
+
+
+async def report_of(store: Store, scrapes: list[tuple[float, str]], end: float) -> dict[str, Any]:
+    parsed = [("a:8000", at, parse_exposition(text)) for at, text in scrapes]
+    await store.call(lambda db: history.record(db, parsed))
+    made = await store.call(lambda db: build(db, T0, end, baseline=BASELINE, host="h", now=end))
+    (series,) = made["series"]
+    return series
+
+
+async def test_a_draft_that_accepted_nothing_reads_0_and_its_k_is_the_servers(store: Store) -> None:
+    series = await report_of(
+        store, [(T0 + 5 + 10 * i, page(100 * i, (0, 0, 0, 0))) for i in range(30)], T0 + 3600
+    )
+    assert series["k"] == 4
+    assert series["headline"]["acceptance_rate"]["value"] == 0
+    assert series["headline"]["mean_acceptance_length"]["value"] == 1
+    assert series["per_position"] == [0, 0, 0, 0]
+    # speculation costs 1 + 4 c a token and brings one token: slower than plain decoding
+    assert series["headline"]["estimated_speedup"]["value"] == pytest.approx(1 / (1 + 4 * COST))
+    assert series["by_day"][0]["acceptance_rate"] == 0
+
+
+async def test_a_ladder_step_rates_each_position_over_the_drafts_that_had_it(store: Store) -> None:
+    """k = 5 for the first half hour, then k = 3 (vLLM restarted: its counters from 0)."""
+    before = [(T0 + 60 * i + 1, page(100 * i, (80 * i, 60 * i, 40 * i, 20 * i, 10 * i))) for i in range(31)]
+    after = [(T0 + 1860 + 60 * i + 1, page(200 * (i + 1), (100 * (i + 1), 50 * (i + 1), 20 * (i + 1)))) for i in range(29)]  # fmt: skip
+    series = await report_of(store, before + after, T0 + 3600)
+    d5, d3 = 3000, 200 * 29  # the k = 3 server's first scrape counts whole: a restart from 0
+    accepted = [80 * 30 + 100 * 29, 60 * 30 + 50 * 29, 40 * 30 + 20 * 29, 20 * 30, 10 * 30]
+    assert series["k"] == 3  # what the server runs now
+    assert series["k_share"] == {"3": pytest.approx(d3 / (d3 + d5)), "5": pytest.approx(d5 / (d3 + d5))}
+    assert series["per_position"] == pytest.approx(
+        [accepted[0] / (d5 + d3), accepted[1] / (d5 + d3), accepted[2] / (d5 + d3), accepted[3] / d5, accepted[4] / d5]
+    )  # fmt: skip
+    tokens = (d5 + d3) + sum(accepted)  # one token per draft from the target, plus the accepted
+    cost = d5 * (1 + 5 * COST) + d3 * (1 + 3 * COST)  # in target steps
+    assert series["headline"]["estimated_speedup"]["value"] == pytest.approx(tokens / cost)
+
+
+async def test_a_day_down_does_not_read_as_a_busy_minute(store: Store) -> None:
+    """Two requests a minute, and the daemon away for three hours in the middle: the request rate
+    stays 2 a minute, and the hours it missed hold their share."""
+    scrapes = [(T0 + 60 * i + 1, page(0, (0,), requests=2 * i)) for i in range(60)]
+    scrapes += [
+        (T0 + 4 * 3600 + 60 * i + 1, page(0, (0,), requests=2 * (180 + 59) + 2 * i)) for i in range(61)
+    ]
+    series = await report_of(store, scrapes, T0 + 5 * 3600)
+    # 2 a minute (the first minute, with nothing to count from, a little under); had the three
+    # hours' requests gone to one minute, 4.9 a minute over the two hours observed
+    assert series["headline"]["request_rate"]["value"] == pytest.approx(2 / 60, rel=0.01)
+    assert series["minutes"] == 5 * 60
