@@ -46,7 +46,7 @@ def build(
     previous = history.read(db, start - span, start)
     series = [
         _series(instance, model, current.get((instance, model), []), previous.get((instance, model), []),
-                baseline, _k_at_end(db, instance, model, current.get((instance, model), [])))
+                baseline, db)
         for instance, model in sorted(set(current) | set(previous))
     ]  # fmt: skip
     from report.recommend import recommendations
@@ -112,7 +112,7 @@ def _series(
     minutes: list[Span],
     before: list[Span],
     baseline: Baseline | None,
-    k_at_end: int | None,
+    db: sqlite3.Connection,
 ) -> dict[str, Any]:
     labels = {"instance": instance, "model_name": model}
     cost, cost_source = _cost(baseline, labels)
@@ -120,7 +120,8 @@ def _series(
     previous_parts, previous_count = fig.total(before)
     now_figures = fig.figures(parts, count, cost)
     then_figures = fig.figures(previous_parts, previous_count, cost)
-    k = k_at_end or fig.positions(parts) or None
+    k = _k_at_end(db, instance, model, minutes) or fig.positions(parts) or None
+    k_previous = _k_at_end(db, instance, model, before) or fig.positions(previous_parts) or None
     by_k = fig.drafts_by_k(parts)
     day = _grouped(minutes, lambda m: datetime.fromtimestamp(m, UTC).strftime("%Y-%m-%d"))
     hour = _grouped(minutes, lambda m: datetime.fromtimestamp(m, UTC).hour)
@@ -136,6 +137,7 @@ def _series(
         "instance": instance,
         "model": model,
         "k": k,
+        "k_previous": k_previous,
         # the share of the period's drafts made with each k, when a ladder step changed it
         "k_share": {str(n): made / sum(by_k.values()) for n, made in sorted(by_k.items())}
         if len(by_k) > 1

@@ -13,6 +13,7 @@ shape (version 1)::
         {
           "instance": "10.0.0.7:8000", "model": "llama-70b",
           "k": 5,                                   # positions vLLM counted at the period's end
+          "k_previous": 5,                          # the same, at the end of the period before
           "k_share": null,                          # or {"3": 0.4, "5": 0.6}: drafts by k, when k changed
           "draft_cost": 0.05,                       # c, from the baseline file (null: unknown)
           "draft_cost_source": "baseline: method eagle3",

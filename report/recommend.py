@@ -14,7 +14,7 @@ Text rounds to 3 significant digits; ``data`` keeps the numbers as computed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import date
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from report.model import change
@@ -40,6 +40,10 @@ DEGRADING_RELATIVE_DROP = 0.05
 
 # Two days always make a line; three are the fewest whose slope says something about a trend.
 MIN_TREND_DAYS = 3
+
+# An hour is judged on its own only with this many drafts: a few stray requests in a quiet hour say
+# little (a hundred drafts of k tokens put the hour's acceptance within a few points).
+MIN_DRAFTS_IN_HOUR = 100
 
 
 def recommendations(
@@ -217,27 +221,74 @@ def _k_choice(result: BestK, k: int, gain: float, change_k: bool) -> str:
 # --- speculation_lost ---------------------------------------------------------------------------
 
 
+def _lost(entry: Mapping[str, Any]) -> bool:
+    speedup = _number(entry.get("estimated_speedup"))
+    return speedup is not None and speedup < SPEEDUP_FLOOR
+
+
+def _lost_spans(series: Series) -> list[list[Mapping[str, Any]]]:
+    """Runs of consecutive hours of the period (``hourly``) estimated slower than plain decoding:
+    a Tuesday afternoon's collapse, which the week's average for that hour of the day hides."""
+    spans: list[list[Mapping[str, Any]]] = []
+    last: datetime | None = None
+    for entry in _entries(series.get("hourly")):
+        drafts = _number(entry.get("drafts")) or 0.0
+        at = _time(entry.get("at"))
+        if at is None or drafts < MIN_DRAFTS_IN_HOUR or not _lost(entry):
+            continue
+        if spans and last is not None and at - last == timedelta(hours=1):
+            spans[-1].append(entry)
+        else:
+            spans.append([entry])
+        last = at
+    return spans
+
+
+def _time(text: object) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _span_text(span: list[Mapping[str, Any]]) -> str:
+    first, last = _time(span[0].get("at")), _time(span[-1].get("at"))
+    assert first is not None and last is not None
+    end = last + timedelta(hours=1)
+    return f"{first:%a %Y-%m-%d %H:%M}-{end:%H:%M} UTC"
+
+
 def _speculation_lost(series: Series) -> Recommendation | None:
-    hours = [
-        entry
-        for entry in _entries(series.get("by_hour_of_day"))
-        if (speedup := _number(entry.get("estimated_speedup"))) is not None and speedup < SPEEDUP_FLOOR
-    ]
+    spans = _lost_spans(series)
+    hours = [entry for entry in _entries(series.get("by_hour_of_day")) if _lost(entry)]
     latency = [
         entry
         for entry in _entries(series.get("latency"))
         if (ratio := _number(entry.get("ratio"))) is not None and ratio > LATENCY_RATIO_LIMIT
     ]
-    if not hours and not latency:
+    if not spans and not hours and not latency:
         return None
     reasoning: list[str] = []
     parts: list[str] = []
-    if hours:
-        parts.append(f"slower than plain decoding at {', '.join(_hour(entry) for entry in hours)}")
+    if spans or hours:
         reasoning.append(
             "Estimated speedup = mean acceptance length / (1 + k·c); below "
             f"{_fmt(SPEEDUP_FLOOR)} the drafting costs more time than the accepted tokens save."
         )
+    if spans:
+        parts.append(f"slower than plain decoding on {', '.join(_span_text(span) for span in spans)}")
+        reasoning.append(
+            f"Hour by hour (hours with at least {MIN_DRAFTS_IN_HOUR} drafts), speculation lost in "
+            f"{len(spans)} stretch{'es' if len(spans) > 1 else ''} of the period:"
+        )
+        for span in spans:
+            reasoning.append(f"{_span_text(span)}:")
+            reasoning.extend(f"  {_hour_line(entry, str(entry.get('at')))}" for entry in span)
+    if hours:
+        parts.append(f"slower than plain decoding at {', '.join(_hour(entry) for entry in hours)} on average")
+        reasoning.append("By hour of the day, over the whole period:")
         reasoning.extend(_hour_line(entry) for entry in hours)
         reasoning.append(
             "Speculation pays least under load (large batches make the target's step compute-bound): "
@@ -257,6 +308,11 @@ def _speculation_lost(series: Series) -> Recommendation | None:
         "speculation lost: " + "; ".join(parts),
         reasoning,
         {
+            "spans": [
+                {"from": span[0].get("at"), "hours": len(span), "hourly": [dict(entry) for entry in span]}
+                for span in spans
+            ],
+            "min_drafts_in_hour": MIN_DRAFTS_IN_HOUR,
             "hours": [dict(entry) for entry in hours],
             "latency": [dict(entry) for entry in latency],
             "speedup_floor": SPEEDUP_FLOOR,
@@ -274,8 +330,10 @@ def _hour(entry: Mapping[str, Any]) -> str:
     return f"{hour:02d}:00 UTC" if isinstance(hour, int) else f"hour {hour} UTC"
 
 
-def _hour_line(entry: Mapping[str, Any]) -> str:
-    line = _hour(entry) + f": estimated speedup {_fmt(_number(entry.get('estimated_speedup')) or 0.0)}"
+def _hour_line(entry: Mapping[str, Any], when: str | None = None) -> str:
+    line = (
+        when or _hour(entry)
+    ) + f": estimated speedup {_fmt(_number(entry.get('estimated_speedup')) or 0.0)}"
     details = [
         f"{label} {_fmt(value)}"
         for label, key in (
@@ -308,7 +366,7 @@ def _draft_degrading(series: Series, before: Series | None) -> Recommendation | 
     if not (rate_fell or length_fell):
         return None
     k = series.get("k")
-    k_before = before.get("k") if before is not None else None
+    k_before = before.get("k") if before is not None else series.get("k_previous")
     reasoning = [
         _change_line("Acceptance rate", rate),
         _trend_line(slope, days),

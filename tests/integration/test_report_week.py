@@ -303,14 +303,29 @@ def test_per_position_by_day_by_hour_and_hour_by_hour_equal_the_ground_truth(
                              for key, value in want.items()}  # fmt: skip
 
 
-def test_latency_is_set_against_the_baseline(played: dict[str, Any]) -> None:
-    a = _series(played["report"], "vllm-a:8000")
-    latency = {row["signal"]: row for row in a["latency"]}
-    expected = _expected(_in(played["a"].truth, MONDAY, MONDAY + 7 * DAY), 5, C_A)
-    assert latency["e2e_latency_p95"]["baseline"] == 3.0
-    assert latency["e2e_latency_p95"]["ratio"] == pytest.approx(expected["e2e_latency_p95"] / 3.0, rel=1e-9)
+@pytest.mark.parametrize(
+    ("name", "cost", "baselines"),
+    [
+        ("a", C_A, {"e2e_latency_p95": 3.0, "ttft_p95": 0.15, "itl_p50": 0.03}),
+        ("b", C_B, {"e2e_latency_p95": 3.0, "itl_p95": 0.1}),
+    ],
+)
+def test_latency_is_set_against_the_baseline(
+    played: dict[str, Any], name: str, cost: float, baselines: dict[str, float]
+) -> None:
+    server: Server = played[name]
+    series = _series(played["report"], server.instance)
+    latency = {row["signal"]: row for row in series["latency"]}
+    expected = _expected(_in(server.truth, MONDAY, MONDAY + 7 * DAY), server.k, cost)
+    assert set(latency) == {
+        "ttft_p50",
+        "ttft_p95",
+        "itl_p50",
+        "itl_p95",
+        "e2e_latency_p50",
+        "e2e_latency_p95",
+    }
     assert latency["ttft_p50"]["baseline"] is None and latency["ttft_p50"]["ratio"] is None
-    baselines = {"e2e_latency_p95": 3.0, "ttft_p95": 0.15, "itl_p50": 0.03}
     for signal, row in latency.items():
         assert row["value"] == pytest.approx(expected[signal], rel=1e-9)
         assert row["baseline"] == baselines.get(signal)
@@ -346,7 +361,11 @@ def test_the_collapse_fired_once_acted_in_two_evaluations_and_the_fallback_time_
     assert firing["at"] == _iso(fired) and firing["since"] == _iso(began)
     assert firing["resolved_at"] == _iso(good)
     assert firing["time_to_act"] == pytest.approx(fired - began)
+    assert rule["median_time_to_act"] == pytest.approx(fired - began)
     assert firing["acted_by"] == "fallback"
+    # the value it fired on: the acceptance of the 60 s window up to the firing's scrape
+    (at_firing,) = [m for m in played["a"].truth if m.at + 30 == fired]
+    assert firing["value"] == pytest.approx(at_firing.accepted / at_firing.draft_tokens, rel=1e-9)
     # The flag file, as the test saw it change, against the report's span.
     engaged, restored = played["flag"][0][0], played["flag"][1][0]
     assert played["flag"][0][1] is False and played["flag"][1][1] is True
@@ -355,6 +374,8 @@ def test_the_collapse_fired_once_acted_in_two_evaluations_and_the_fallback_time_
     assert fallbacks["count"] == 1
     assert fallbacks["seconds"] == pytest.approx(restored - engaged)
     assert fallbacks["spans"][0]["engaged"] == _iso(engaged)
+    assert fallbacks["spans"][0]["restored"] == _iso(restored)
+    assert fallbacks["spans"][0]["seconds"] == pytest.approx(restored - engaged)
 
 
 def test_the_kv_pressure_afternoon_fired_after_five_minutes(played: dict[str, Any]) -> None:
@@ -370,16 +391,107 @@ def test_the_kv_pressure_afternoon_fired_after_five_minutes(played: dict[str, An
     assert firing["resolved_at"] == _iso(ended + 60)
     assert firing["time_to_act"] == pytest.approx(300.0)
     assert firing["acted_by"] == "log"  # no remedy among its actions: the first that ran
+    before, at_firing = [m for m in minutes if m.at + 30 in (began + 240, began + 300)]
+    assert firing["value"] == pytest.approx((before.kv + at_firing.kv) / 2, rel=1e-9)
     b = _series(played["report"], "vllm-b:8000")
     assert b["headline"]["kv_cache_usage_max"]["value"] == 0.97
     assert b["headline"]["preemptions"]["value"] == 3 * 240
 
 
-def test_the_recommendations_see_the_degrading_draft_and_the_collapse_hours(played: dict[str, Any]) -> None:
-    kinds = {(r["kind"], r["instance"]) for r in played["report"]["recommendations"]}
-    assert ("draft_degrading", "vllm-b:8000") in kinds
-    assert ("draft_degrading", "vllm-a:8000") not in kinds
-    assert ("num_speculative_tokens", "vllm-a:8000") in kinds
+def _recommended(played: dict[str, Any], kind: str, instance: str) -> dict[str, Any] | None:
+    found = [
+        r for r in played["report"]["recommendations"] if r["kind"] == kind and r["instance"] == instance
+    ]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize(("name", "cost"), [("a", C_A), ("b", C_B)])
+def test_the_k_recommendation_is_the_speedup_of_each_k_from_the_ground_truth(
+    played: dict[str, Any], name: str, cost: float
+) -> None:
+    """(1 + sum of p_i over i < k) / (1 + k c) for k = 1..8, past the measured k with the p_i going
+    on at the mean conditional rate of the last three positions after the first (as the README says)."""
+    server: Server = played[name]
+    minutes = _in(server.truth, MONDAY, MONDAY + 7 * DAY)
+    drafts = sum(m.drafts for m in minutes)
+    p = [sum(m.positions[i] for m in minutes) / drafts for i in range(server.k)]
+    conditional = [p[i] / p[i - 1] for i in range(1, server.k)][-3:]
+    tail = min(1.0, sum(conditional) / len(conditional))
+    while len(p) < 8:
+        p.append(p[-1] * tail)
+    table = [(1 + sum(p[:k])) / (1 + k * cost) for k in range(1, 9)]
+    best = max(range(1, 9), key=lambda k: (table[k - 1], -k))
+    gain = table[best - 1] / table[server.k - 1] - 1
+    item = _recommended(played, "num_speculative_tokens", server.instance)
+    assert item is not None
+    data = item["data"]
+    assert [row["k"] for row in data["table"]] == list(range(1, 9))
+    assert [row["speedup"] for row in data["table"]] == pytest.approx(table, rel=1e-9)
+    assert [row["extrapolated"] for row in data["table"]] == [k > server.k for k in range(1, 9)]
+    assert data["best_k"] == best and data["gain"] == pytest.approx(gain, rel=1e-9)
+    assert data["current_speedup"] == pytest.approx(table[server.k - 1], rel=1e-9)
+    assert data["recommended_k"] == (best if gain >= 0.03 else server.k)
+    assert data["draft_cost"] == cost
+
+
+def test_the_tuesday_collapse_is_named_as_the_hours_speculation_lost(played: dict[str, Any]) -> None:
+    """Hours of the week whose speedup from the truth is below 1: the collapse's, which the hour of
+    the day's weekly average hides."""
+    minutes = _in(played["a"].truth, MONDAY, MONDAY + 7 * DAY)
+    lost = []
+    for h in range(7 * 24):
+        hour = _in(minutes, MONDAY + h * 3600, MONDAY + (h + 1) * 3600)
+        if _acceptance(hour, 5, C_A)["estimated_speedup"] < 1 and sum(m.drafts for m in hour) >= 100:
+            lost.append(_iso(MONDAY + h * 3600))
+    assert lost == [_iso(COLLAPSE[0])]  # 14:00-15:00; 15:00-16:00 is half healthy
+    item = _recommended(played, "speculation_lost", "vllm-a:8000")
+    assert item is not None
+    assert [(span["from"], span["hours"]) for span in item["data"]["spans"]] == [(lost[0], 1)]
+    # and the latency figures more than 10 % over their baseline, from the truth
+    expected = _expected(minutes, 5, C_A)
+    baselines = {"ttft_p95": 0.15, "itl_p50": 0.03, "e2e_latency_p95": 3.0}
+    over = [
+        name for name in ("ttft_p95", "itl_p50", "e2e_latency_p95") if expected[name] / baselines[name] > 1.1
+    ]
+    assert [row["signal"] for row in item["data"]["latency"]] == over
+    assert item[
+        "title"
+    ] == "speculation lost: slower than plain decoding on Tue 2026-12-01 14:00-15:00 UTC" + (
+        f"; {', '.join(over)} above 1.1x baseline" if over else ""
+    )
+    assert item["data"]["hours"] == []  # no hour of the day loses on the week's average
+
+
+def test_the_degrading_draft_is_named_with_its_weekly_change_and_daily_slope(played: dict[str, Any]) -> None:
+    b: Server = played["b"]
+    now = _in(b.truth, MONDAY, MONDAY + 7 * DAY)
+    before = _counted(b, BEFORE, MONDAY)
+    rate_now = sum(m.accepted for m in now) / sum(m.draft_tokens for m in now)
+    rate_before = sum(m.accepted for m in before) / sum(m.draft_tokens for m in before)
+    days = [_in(now, MONDAY + d * DAY, MONDAY + (d + 1) * DAY) for d in range(7)]
+    rates = [sum(m.accepted for m in day) / sum(m.draft_tokens for m in day) for day in days]
+    mean_x, mean_y = 3.0, sum(rates) / 7
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(rates)) / sum(
+        (x - mean_x) ** 2 for x in range(7)
+    )
+    item = _recommended(played, "draft_degrading", "vllm-b:8000")
+    assert item is not None
+    data = item["data"]
+    assert data["acceptance_rate"]["value"] == pytest.approx(rate_now, rel=1e-9)
+    assert data["acceptance_rate"]["previous"] == pytest.approx(rate_before, rel=1e-9)
+    assert data["acceptance_rate"]["change"] == pytest.approx(rate_now / rate_before - 1, rel=1e-9)
+    assert data["daily_slope"] == pytest.approx(slope, rel=1e-9) and data["days"] == 7
+    assert "acceptance_rate" in data["fired_on"] and data["k"] == data["k_previous"] == 3
+    assert not any("k changed" in line for line in item["reasoning"])
+    assert _recommended(played, "draft_degrading", "vllm-a:8000") is None
+
+
+def test_every_series_holds_the_weeks_minutes_and_a_fixed_k(played: dict[str, Any]) -> None:
+    for server in (played["a"], played["b"]):
+        series = _series(played["report"], server.instance)
+        assert series["minutes"] == len(_in(server.truth, MONDAY, MONDAY + 7 * DAY)) == 7 * 1440
+        assert series["k"] == server.k and series["k_share"] is None
 
 
 def test_the_json_file_is_the_report_and_history_stays_small(played: dict[str, Any]) -> None:

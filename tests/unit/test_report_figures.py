@@ -89,3 +89,34 @@ async def test_a_day_down_does_not_read_as_a_busy_minute(store: Store) -> None:
     # hours' requests gone to one minute, 4.9 a minute over the two hours observed
     assert series["headline"]["request_rate"]["value"] == pytest.approx(2 / 60, rel=0.01)
     assert series["minutes"] == 5 * 60
+
+
+@pytest.mark.parametrize(
+    ("alpha", "gamma", "speed"),
+    [(0.6, 2, 1.96), (0.7, 3, 2.53), (0.8, 2, 2.44), (0.8, 5, 3.69), (0.9, 2, 2.71), (0.9, 10, 6.86)],
+)
+async def test_the_reports_speedup_reproduces_table_1_of_leviathan_et_al(
+    tmp_path: Any, alpha: float, gamma: int, speed: float
+) -> None:
+    """Table 1 (c = 0) through the whole report path: vLLM's counters of a draft accepted with
+    probability alpha at each position reached, into history, the headline and the k table."""
+    free = parse_baseline(
+        {"version": 2, "measured_at": "2026-12-01T00:00:00Z",
+         "entries": [{"model": "m", "speculative": {"method": "draft_model", "draft_cost": 0.0}}]}
+    )  # fmt: skip
+    store = Store(tmp_path / "specguard.db")
+    await store.open()
+    drafts = 1_000_000
+    reached = tuple(drafts * alpha ** (i + 1) for i in range(gamma))
+    parsed = [
+        ("a:8000", T0 + 1, parse_exposition(page(0, (0,) * gamma))),
+        ("a:8000", T0 + 31, parse_exposition(page(drafts, reached))),
+    ]
+    await store.call(lambda db: history.record(db, parsed))
+    made = await store.call(lambda db: build(db, T0, T0 + 3600, baseline=free, host="h", now=T0 + 3600))
+    await store.close()
+    (series,) = made["series"]
+    assert round(series["headline"]["estimated_speedup"]["value"], 2) == speed
+    (k_item,) = [r for r in made["recommendations"] if r["kind"] == "num_speculative_tokens"]
+    assert round(k_item["data"]["table"][gamma - 1]["speedup"], 2) == speed
+    assert round(k_item["data"]["current_speedup"], 2) == speed

@@ -172,7 +172,7 @@ def test_hours_estimated_slower_than_plain_decoding_are_named() -> None:
         {"hour": 16, "acceptance_rate": None, "estimated_speedup": None},
     ]
     item = only(recommendations([series(by_hour_of_day=hours)]), "speculation_lost")
-    assert item["title"] == "speculation lost: slower than plain decoding at 13:00 UTC, 14:00 UTC"
+    assert item["title"] == "speculation lost: slower than plain decoding at 13:00 UTC, 14:00 UTC on average"
     assert "13:00 UTC: estimated speedup 0.912 (acceptance rate 0.2, drafts 150,000)" in item["reasoning"]
     assert "14:00 UTC: estimated speedup 0.99 (acceptance rate 0.25)" in item["reasoning"]
     assert "15:00" not in text(item)
@@ -203,8 +203,42 @@ def test_lost_hours_and_slow_latency_make_one_item_per_series() -> None:
     items = of_kind(recommendations([lost, other]), "speculation_lost")
     assert [item["instance"] for item in items] == ["10.0.0.7:8000", "10.0.0.8:8000"]
     assert items[0]["title"] == (
-        "speculation lost: slower than plain decoding at 09:00 UTC; itl_p50 above 1.1x baseline"
+        "speculation lost: slower than plain decoding at 09:00 UTC on average; itl_p50 above 1.1x baseline"
     )
+
+
+def hourly(*speedups: tuple[str, float, int]) -> list[dict[str, Any]]:
+    return [{"at": at, "acceptance_rate": 0.3, "estimated_speedup": speedup, "drafts": drafts}
+            for at, speedup, drafts in speedups]  # fmt: skip
+
+
+def test_a_stretch_of_lost_hours_in_the_period_is_named_though_the_hours_average_pays() -> None:
+    """A Tuesday afternoon's collapse: each hour of the day still pays on the week's average."""
+    lost = series(
+        hourly=hourly(
+            ("2026-12-01T13:00:00Z", 1.9, 5000),
+            ("2026-12-01T14:00:00Z", 0.89, 5000),
+            ("2026-12-01T15:00:00Z", 0.95, 5000),
+            ("2026-12-01T16:00:00Z", 1.8, 5000),
+            ("2026-12-03T02:00:00Z", 0.7, 99),  # a quiet hour's few drafts: not judged
+            ("2026-12-04T09:00:00Z", 0.98, 100),
+        )
+    )
+    item = only(recommendations([lost]), "speculation_lost")
+    assert item["title"] == (
+        "speculation lost: slower than plain decoding on Tue 2026-12-01 14:00-16:00 UTC, "
+        "Fri 2026-12-04 09:00-10:00 UTC"
+    )
+    assert (
+        "  2026-12-01T14:00:00Z: estimated speedup 0.89 (acceptance rate 0.3, drafts 5,000)"
+        in item["reasoning"]
+    )
+    assert "2026-12-03T02" not in text(item)
+    assert [(span["from"], span["hours"]) for span in item["data"]["spans"]] == [
+        ("2026-12-01T14:00:00Z", 2),
+        ("2026-12-04T09:00:00Z", 1),
+    ]
+    assert item["data"]["hours"] == []  # no hour of the day loses on average
 
 
 def test_no_lost_item_when_every_hour_pays_and_latency_is_near_baseline() -> None:
