@@ -444,7 +444,10 @@ class Daemon:
             return
         try:
             due = await weekly.missed(
-                self.store, cron(config.report.schedule, config.report.timezone), time.time()
+                self.store,
+                cron(config.report.schedule, config.report.timezone),
+                time.time(),
+                config.history.retention,
             )
         except StoreError as exc:
             self._store_failed(str(exc))

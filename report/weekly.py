@@ -29,7 +29,6 @@ from report.model import Report
 log = logging.getLogger("specguard.report")
 
 SINCE_KEY = "reports_scheduled_since"  # meta: when the schedule was first seen by this store
-CATCH_UP_LIMIT = timedelta(days=35)  # no report is made for a time older than history keeps
 
 
 def charts_missing() -> str | None:
@@ -127,11 +126,12 @@ def _record(db: sqlite3.Connection, scheduled: float, start: float, end: float, 
     return cursor.rowcount == 1
 
 
-async def missed(store: Store, trigger: Any, now: float) -> float | None:
-    """The scheduled time of a report the daemon missed while it was down, if there is one."""
+async def missed(store: Store, trigger: Any, now: float, retention: float) -> float | None:
+    """The scheduled time of a report the daemon missed while it was down, if there is one: the
+    latest, and none older than history's ``retention`` (seconds), which no longer holds its week."""
     since = await store.call(lambda db: _since(db, now))
     moment = datetime.fromtimestamp(now, UTC)
-    earliest = max(datetime.fromtimestamp(since, UTC), moment - CATCH_UP_LIMIT)
+    earliest = max(datetime.fromtimestamp(since, UTC), moment - timedelta(seconds=retention))
     due = last_due(trigger, earliest, moment)
     if due is None:
         return None

@@ -227,3 +227,56 @@ async def test_a_report_that_could_not_be_queued_for_slack_is_not_recorded_as_ma
         assert len([m for m in slack.posted() if not m.get("files")]) == 1
     finally:
         await daemon.shutdown()
+
+
+async def test_the_schedules_own_run_makes_the_report_of_the_period_before_its_time_once(
+    tmp_path: Path, slack: SlackApi
+) -> None:
+    """APScheduler calls the job with no argument: the run finds the time it was scheduled for
+    (here every minute, so the test need not wait for a Monday) and reports the week before it."""
+    config = write_config(tmp_path, slack)
+    config.write_text(
+        config.read_text().replace('"0 8 * * mon"', '"* * * * *"').replace("  slack: reports\n", "")
+    )
+    before = time.time() // 60 * 60
+    await seed(tmp_path / "state" / "specguard.db", before - 86400, before)
+    daemon = Daemon(load(config), config)
+    await daemon.start(handle_signals=False)
+    try:
+        await daemon._weekly_report()
+        after = time.time() // 60 * 60
+        rows = await made(daemon)
+        assert rows and rows[-1]["scheduled"] in (before, after)  # the minute the call ran in
+        assert rows[-1]["period_to"] == rows[-1]["scheduled"]
+        assert rows[-1]["period_from"] == rows[-1]["scheduled"] - 7 * 86400
+        count = len(rows)
+        if time.time() // 60 * 60 == rows[-1]["scheduled"]:  # still the same minute: the same report
+            await daemon._weekly_report()
+            assert len(await made(daemon)) == count
+    finally:
+        await daemon.shutdown()
+
+
+async def test_no_report_is_caught_up_for_a_time_older_than_history_keeps(tmp_path: Path) -> None:
+    """A daemon down for six weeks: the last Monday's report is made, and none for a Monday older
+    than history's retention."""
+    from common.schedule import cron
+    from report import weekly
+
+    store = Store(tmp_path / "specguard.db")
+    await store.open()
+    try:
+        now = time.time()
+        monday = last_monday_eight(now)
+        await store.call(
+            lambda db: db.execute(
+                "INSERT INTO meta VALUES ('reports_scheduled_since', ?)", (repr(now - 42 * 86400),)
+            )
+        )
+        trigger = cron("0 8 * * mon")
+        assert await weekly.missed(store, trigger, now, 14 * 86400) == monday
+        # three days after a Monday with a retention of two: that Monday's week is gone from history
+        assert await weekly.missed(store, trigger, monday + 3 * 86400, 2 * 86400) is None
+        assert await weekly.missed(store, trigger, monday + 3 * 86400, 4 * 86400) == monday
+    finally:
+        await store.close()
