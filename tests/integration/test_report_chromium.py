@@ -1,6 +1,8 @@
 """The HTML report in a real browser (Debian's headless Chromium): every chart inlined in it
 decodes and shows, the page logs nothing to the console (no script error, no load that its
-Content-Security-Policy blocked), and a screenshot of it is kept for a person to look at.
+Content-Security-Policy blocked), and a screenshot of it is kept for a person to look at. Both the
+example week (a fixture with every section filled) and a report built from history the way the
+daemon builds it.
 
 The screenshot goes to ``$SPECGUARD_ARTIFACTS`` (default ``tests/artifacts/``), with the HTML it
 was taken from; the directory is not cleaned up and not committed.
@@ -15,11 +17,17 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from report import charts, render
+from daemon import history
+from daemon.baseline import parse_baseline
+from daemon.exposition import parse_exposition
+from daemon.store import Store
+from report import charts, render, weekly
 from tests.real import missing, require_binary
+from tests.week import Conditions, Server, Timeline
 
 pytestmark = pytest.mark.real
 
@@ -134,3 +142,61 @@ def test_a_screenshot_of_the_html_report_is_kept_for_a_person(
     assert console(done.stderr) == []  # the report as shipped: nothing blocked, nothing failed
     data = screenshot.read_bytes()
     assert data.startswith(PNG) and len(data) > 10_000, f"{screenshot}: {len(data)} bytes"
+
+
+def test_the_console_check_sees_what_the_reports_policy_blocks(
+    chromium: str, page: Path, tmp_path: Path
+) -> None:
+    """A script and a remote image in the page: the report's policy blocks both, and Chromium says so
+    on the console, where the other tests look for messages."""
+    html = page.read_text(encoding="utf-8")
+    html = html.replace(
+        "</body>", '<script>document.title = "ran"</script><img src="http://127.0.0.1:9/x.png">\n</body>', 1
+    )
+    bad = tmp_path / "bad.html"
+    bad.write_text(html, encoding="utf-8")
+    done = run(chromium, tmp_path / "profile", "--dump-dom", bad.as_uri())
+    messages = console(done.stderr)
+    assert any("Content Security Policy" in line for line in messages), done.stderr[-3000:]
+    assert "<title>ran</title>" not in done.stdout
+
+
+async def test_a_report_built_from_history_shows_in_chromium(chromium: str, tmp_path: Path) -> None:
+    """Two hours of a simulated server recorded by history, built and written as the daemon writes
+    its weekly report: its charts decode and the console stays quiet."""
+    unavailable = charts.available()
+    if unavailable is not None:
+        missing(unavailable)
+    start = 1_796_000_400.0 - 1_796_000_400.0 % 3600
+    server = Server(
+        "vllm-a:8000",
+        "model-a",
+        4,
+        lambda t: Conditions(alpha=0.3 if t >= start + 5400 else 0.8, load=1.0, kv=0.4),
+    )
+    timeline = Timeline([server])
+    store = Store(tmp_path / "specguard.db")
+    await store.open()
+    try:
+        scrapes: list[tuple[str, float, Any]] = []
+        for minute in range(120):
+            at = start + 60 * minute
+            timeline.advance(server, at)
+            scrapes.append((server.instance, at + 30, parse_exposition(timeline.exposition(server))))
+        await store.call(lambda db: history.record(db, scrapes))
+        baseline = parse_baseline(
+            {"version": 2, "measured_at": "2026-12-01T00:00:00Z",
+             "entries": [{"model": "model-a", "signals": {"e2e_latency_p95": 3.0, "itl_p50": 0.03},
+                          "speculative": {"draft_cost": 0.1}}]}
+        )  # fmt: skip
+        report, (path,) = await weekly.make(store, start, start + 7200, ["html"], tmp_path / "out", baseline)
+    finally:
+        await store.close()
+    (series,) = report["series"]
+    assert series["k"] == 4 and series["per_position"]
+    html = path.read_text(encoding="utf-8")
+    count = html.count("<img ")
+    assert count == 3  # acceptance over the period, per position, latency against the baseline
+    marker, messages = images_marker(chromium, tmp_path, html)
+    assert marker == f"ok:{count}"
+    assert messages == []
