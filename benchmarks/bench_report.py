@@ -10,8 +10,9 @@ buckets, a daily cycle of load and acceptance) scraped once a minute for 14 days
 and the week before, which the report reads for week-over-week change. Each scrape goes the
 daemon's way (exposition text, ``parse_exposition``, ``history.record``) into a real SQLite file
 through ``daemon.store.Store``, an hour of scrapes per ``record`` call. The 7-day database (the
-target's) is the file copied after the first 7 days; the report is built from the 14-day one. The
-event and action tables are empty: the cost measured is history's.
+target's) is the file copied after the first 7 days; the report is built from the 14-day one. A
+noisy fleet's incidents are in it too: each server fires a rule every hour (fired, resolved 20
+minutes later, three action runs), 5,376 firings over the two weeks.
 
 Run:
     .venv/bin/python benchmarks/bench_report.py [--write benchmarks/results/report.md]
@@ -114,12 +115,43 @@ async def generate(store: Store, servers: list[Server], copy7: Path) -> float:
     return recording
 
 
+ACTIONS = ("log", "oncall", "fallback")
+
+
+def incidents(db: sqlite3.Connection, servers: list[Server], start: float, end: float) -> int:
+    """An hourly firing per server in ``[start, end)``, resolved 20 minutes later, each acted on by
+    three actions (the fallback last, 30 s after the firing); the firings written."""
+    count = 0
+    with db:
+        for hour in range(int((end - start) // 3600)):
+            for s in servers:
+                at = start + hour * 3600 + 300
+                series = f'{{instance="{s.instance}",model_name="{s.model}"}}'
+                for kind, when in (("firing", at), ("resolved", at + 1200)):
+                    cursor = db.execute(
+                        "INSERT INTO events (at, rule, series, labels, kind, previous, value, threshold,"
+                        " severity, summary, annotations, shadow, dry_run, since)"
+                        " VALUES (?, 'acceptance_low', ?, '{}', ?, '', 0.3, 0.4, 'critical', '', '{}', 0, 0, ?)",
+                        (when, series, kind, at - 120),
+                    )
+                    if kind == "firing":
+                        for i, action in enumerate(ACTIONS):
+                            db.execute(
+                                "INSERT INTO action_runs (event_id, action, status, created, started, finished)"
+                                " VALUES (?, ?, 'ok', ?, ?, ?)",
+                                (cursor.lastrowid, action, at, at, at + 10 * (i + 1)),
+                            )
+                count += kind == "firing"
+    return count
+
+
 async def measure(runs: int, make_runs: int, tmp: Path) -> dict[str, Any]:
     servers = [server(i) for i in range(8)]
     known = baseline(servers)
     store = Store(tmp / "specguard.db")
     await store.open()
     out: dict[str, Any] = {}
+    out["firings"] = await store.call(lambda db: incidents(db, servers, BEFORE, END), False)
     out["generate"], out["record"] = await timed(generate(store, servers, tmp / "seven.db"))
     await store.close()
     out["rss generated"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MB
@@ -129,12 +161,22 @@ async def measure(runs: int, make_runs: int, tmp: Path) -> dict[str, Any]:
     missing = weekly.charts_missing()
 
     def built(db: sqlite3.Connection) -> Any:
-        return build(db, START, END, baseline=known, host="bench", now=END, charts_missing=missing)
+        return build(
+            db,
+            START,
+            END,
+            baseline=known,
+            host="bench",
+            now=END,
+            charts_missing=missing,
+            remedies=["fallback"],
+        )
 
     def read(db: sqlite3.Connection, hours: bool = True) -> int:
         return sum(map(len, history.read(db, BEFORE, END, hours=hours).values()))
 
     out["build cold"], report = await timed(store.call(built, synced=False))
+    assert sum(r["fired"] for r in report["rules"]) == out["firings"] // 2  # the report's week's half
     reads, builds, minutes = [], [], []
     for _ in range(runs):
         seconds, out["rows read"] = await timed(store.call(read, synced=False))
@@ -181,6 +223,7 @@ def table(f: dict[str, Any], runs: int, make_runs: int) -> str:
         ("writing html + md + json, charts given", f"{f['write']:.2f} s", "", ""),
         (f"`weekly.make` html + md + json, median of {make_runs}", f"{f['make']:.2f} s", "", ""),
         ("peak RSS: after generating / after the builds", f"{f['rss generated']:.0f} / {f['rss built']:.0f} MB", "", ""),
+        ("firings in the database (two weeks), each with three action runs", f"{f['firings']}", "", ""),
         (f"generating {scrapes} scrapes / of which `record`", f"{f['generate']:.0f} s / {f['record']:.0f} s", "", ""),
         ("`record` per scrape (hour batches)", f"{f['record'] / scrapes * 1000:.2f} ms", "", ""),
     ]  # fmt: skip

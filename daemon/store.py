@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS events (
     trigger TEXT NOT NULL DEFAULT 'schedule', since REAL
 );
 CREATE INDEX IF NOT EXISTS events_rule_at ON events (rule, at);
+CREATE INDEX IF NOT EXISTS events_kind_at ON events (kind, at);
 CREATE TABLE IF NOT EXISTS action_runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
     action TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
@@ -72,6 +73,7 @@ CREATE TABLE IF NOT EXISTS action_runs (
 );
 CREATE INDEX IF NOT EXISTS action_runs_status ON action_runs (status);
 CREATE INDEX IF NOT EXISTS action_runs_action_created ON action_runs (action, created);
+CREATE INDEX IF NOT EXISTS action_runs_event ON action_runs (event_id);
 -- Silences: a rule's firings (those whose labels match) run no action until the silence ends.
 CREATE TABLE IF NOT EXISTS silences (
     id INTEGER PRIMARY KEY AUTOINCREMENT, rule TEXT NOT NULL, match TEXT NOT NULL,
