@@ -138,6 +138,8 @@ class Daemon:
         self._first_rounds = asyncio.Event()  # every rule evaluated once since the start: READY=1
         self._unevaluated: set[str] = set()  # rules not yet evaluated since the start
         self._status_told: str | None = None  # the last STATUS= sent
+        self.notifier = systemd.Notifier()
+        self._reload_after_start = False  # a SIGHUP came before READY=1: reload once ready
         self.store_error: str | None = None  # why the store cannot be written, while it cannot
         self.rule_verdicts: dict[str, tuple[str, str | None]] = {}  # rule -> (verdict, why) without series
         self._scrapes: set[asyncio.Task[Any]] = set()  # scrapes in progress
@@ -210,7 +212,7 @@ class Daemon:
             self._install_signal_handlers()
         wd = systemd.watchdog_interval()
         if wd:
-            self._spawn(systemd.watchdog(wd))
+            self._spawn(self.notifier.watchdog(wd))
         self._unevaluated = {item.name for item in self.loaded.enabled_rules()}
         if not self._unevaluated:
             self._first_rounds.set()
@@ -228,7 +230,7 @@ class Daemon:
         if self._stop.is_set():
             return
         self._status_told = self._status_line()
-        systemd.notify("READY=1", "STATUS=" + self._status_told)
+        self.notifier.ready(self._status_told)
         log.info(
             "specguard running: %d rules, source %s, http://%s:%s, dry_run=%s",
             len(self.loaded.enabled_rules()),
@@ -237,6 +239,9 @@ class Daemon:
             self.port,
             self.loaded.config.dry_run,
         )
+        if self._reload_after_start:
+            self._reload_after_start = False
+            self._spawn(self.reload())
 
     async def run_until_stopped(self) -> None:
         await self.start()
@@ -249,7 +254,8 @@ class Daemon:
         self._stop.set()
 
     async def shutdown(self) -> None:
-        systemd.notify("STOPPING=1", "STATUS=stopping")
+        # First, so that nothing a reload or a round in progress finishes says "running" after it.
+        self.notifier.stopping()
         log.info("stopping")
         if self.scheduler is not None:
             self.scheduler.pause()  # no new rounds; the one in progress may finish its actions
@@ -288,7 +294,21 @@ class Daemon:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
-        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
+        loop.add_signal_handler(signal.SIGHUP, self._hangup)
+
+    def _hangup(self) -> None:
+        if self._stop.is_set() or self.notifier.is_stopping:
+            log.info("reload ignored: stopping")  # the store and the source are being closed
+            return
+        if self.notifier.is_ready:
+            self._spawn(self.reload())
+            return
+        # systemd still waits for the first READY=1, which only the end of the first round may
+        # send: a reload now could neither say RELOADING=1 nor end with READY=1, and it would change
+        # the rules the first round is counting. It runs once the daemon is ready.
+        if not self._reload_after_start:
+            log.info("reload asked for during start-up: it runs once every rule has been evaluated")
+        self._reload_after_start = True
 
     # --- scheduling ------------------------------------------------------------------------------
 
@@ -515,7 +535,7 @@ class Daemon:
         line = self._status_line()
         if line != self._status_told:
             self._status_told = line
-            systemd.status(line)
+            self.notifier.status(line)
 
     async def _evaluate_one(
         self, item: LoadedRule, trigger: str = SCHEDULE, touched: Sequence[Receipt] | None = None
@@ -732,7 +752,7 @@ class Daemon:
 
     async def reload(self) -> bool:
         """Re-read the config (SIGHUP). An invalid new config leaves the running one in place."""
-        systemd.reloading()
+        self.notifier.reloading()
         try:
             new = await asyncio.to_thread(load, self.config_file, self.rule_files, self.overrides)
             if not new.ok:
@@ -789,7 +809,7 @@ class Daemon:
             return True
         finally:
             self._status_told = self._status_line()
-            systemd.notify("READY=1", "STATUS=" + self._status_told)
+            self.notifier.reloaded(self._status_told)
 
     # --- status ----------------------------------------------------------------------------------
 

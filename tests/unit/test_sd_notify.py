@@ -1,4 +1,5 @@
-"""sd_notify against a real AF_UNIX datagram socket: the messages, the watchdog interval, and the
+"""sd_notify against a real AF_UNIX datagram socket: the messages, their order (nothing of a
+reload before the first READY=1, nothing at all after STOPPING=1), the watchdog interval, and the
 pings coming from the event loop itself (a blocked loop stops them)."""
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def test_notify_reaches_a_path_socket_and_an_abstract_one(
     assert message.fields == {"READY": "1", "STATUS": "evaluating 6 rules"}
     with notify_socket(abstract=f"specguard-test-{time.monotonic_ns()}") as abstract:
         monkeypatch.setenv("NOTIFY_SOCKET", abstract.address)
-        assert systemd.reloading()
+        notifier = systemd.Notifier()
+        notifier.is_ready = True  # a reload is announced only after the start-up
+        assert notifier.reloading()
         message = abstract.wait_for("RELOADING=1", timeout=5)
     assert int(message.fields["MONOTONIC_USEC"]) > 0
     assert message.fields["STATUS"] == "reloading the config"
@@ -49,7 +52,7 @@ def test_a_socket_that_is_gone_is_not_an_error(tmp_path: Path, monkeypatch: pyte
 def test_a_status_line_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with notify_socket(tmp_path) as sock:
         monkeypatch.setenv("NOTIFY_SOCKET", sock.address)
-        systemd.status("store failing:\ndisk full\n")
+        systemd.Notifier().status("store failing:\ndisk full\n")
         message = sock.wait_for("STATUS=store failing: disk full", timeout=5)
     assert list(message.fields) == ["STATUS"]
 
@@ -86,7 +89,7 @@ async def test_the_watchdog_pings_stop_while_the_event_loop_is_blocked(
     every, blocked = 0.05, 1.0
     with notify_socket(tmp_path) as sock:
         monkeypatch.setenv("NOTIFY_SOCKET", sock.address)
-        pings = asyncio.get_running_loop().create_task(systemd.watchdog(every))
+        pings = asyncio.get_running_loop().create_task(systemd.Notifier().watchdog(every))
         await asyncio.sleep(0.5)
         before = len(sock.having("WATCHDOG=1"))
         began = time.monotonic()
@@ -101,6 +104,55 @@ async def test_the_watchdog_pings_stop_while_the_event_loop_is_blocked(
     during = [t for t in arrivals if began < t < ended]
     assert len(during) <= 1, during
     assert len([t for t in arrivals if t >= ended]) >= 3  # and again once it runs
+
+
+def test_a_reload_before_ready_says_nothing_and_the_first_ready_comes_from_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with notify_socket(tmp_path) as sock:
+        monkeypatch.setenv("NOTIFY_SOCKET", sock.address)
+        notifier = systemd.Notifier()
+        assert notifier.status("starting")  # STATUS= is fine while systemd waits
+        assert not notifier.reloading()  # systemd would take the reload's READY=1 as the start's
+        assert not notifier.reloaded("1 rule; none firing")
+        assert notifier.ready("1 rule; none firing")
+        assert notifier.reloading()
+        assert notifier.reloaded("1 rule; none firing")
+        sock.wait_for("READY=1", timeout=5, after=3)
+    assert [sorted(m.fields) for m in sock.messages] == [
+        ["STATUS"],
+        ["READY", "STATUS"],
+        ["MONOTONIC_USEC", "RELOADING", "STATUS"],
+        ["READY", "STATUS"],
+    ]
+
+
+async def test_after_stopping_nothing_is_sent_not_even_a_ping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with notify_socket(tmp_path) as sock:
+        monkeypatch.setenv("NOTIFY_SOCKET", sock.address)
+        notifier = systemd.Notifier()
+        pings = asyncio.get_running_loop().create_task(notifier.watchdog(0.01))
+        assert notifier.ready("1 rule; none firing")
+        assert notifier.reloading()
+        await asyncio.sleep(0.05)
+        assert notifier.stopping()
+        # What a reload cut short by the stop, and a round that finished during it, would say.
+        assert not notifier.reloaded("1 rule; none firing")
+        assert not notifier.status("1 rule; firing: low")
+        assert not notifier.ready("1 rule; none firing")
+        assert not notifier.stopping()  # said once
+        # The pinging task ends by itself: it does not wait for a cancel.
+        await asyncio.wait_for(pings, timeout=5)
+        # A message sent after STOPPING=1 would have arrived by the time this one does: one socket,
+        # one sender, datagrams in order.
+        systemd.notify("X_END=1")
+        sock.wait_for("X_END=1", timeout=5)
+    told = [m.fields for m in sock.messages]
+    stopping = told.index({"STOPPING": "1", "STATUS": "stopping"})
+    assert told[stopping + 1 :] == [{"X_END": "1"}], told
+    assert {"WATCHDOG": "1"} in told[:stopping]
 
 
 def test_the_status_line_names_what_fires_and_what_is_wrong() -> None:
