@@ -49,6 +49,12 @@ def build(
                 baseline, db)
         for instance, model in sorted(set(current) | set(previous))
     ]  # fmt: skip
+    now_labels, before_labels = _firing_labels(db, start, end), _firing_labels(db, start - span, start)
+    for item in series:
+        item["headline"]["firings"] = headline(
+            float(_count_of(now_labels, item["instance"], item["model"])),
+            float(_count_of(before_labels, item["instance"], item["model"])),
+        )
     from report.recommend import recommendations
 
     return {
@@ -58,8 +64,11 @@ def build(
         "period": {"from": iso(start), "to": iso(end), "seconds": span},
         "previous_period": {"from": iso(start - span), "to": iso(start)},
         "series": series,
-        "rules": _rules(db, start, end, frozenset(remedies)),
-        "fallbacks": _fallbacks(db, start, end, now),
+        "rules": _rules(db, start, end, frozenset(remedies), _fired(db, start - span, start)),
+        "fallbacks": {
+            **_fallbacks(db, start, end, now),
+            "previous": {k: v for k, v in _fallbacks(db, start - span, start, now).items() if k != "spans"},
+        },
         "restarts": _restarts(db, start, end),
         "silences": _silences(db, start, end),
         "recommendations": recommendations(series),
@@ -154,16 +163,40 @@ def _series(
     }
 
 
+_FIRINGS = "FROM events WHERE kind='firing' AND shadow=0 AND at >= ? AND at < ?"
+
+
+def _fired(db: sqlite3.Connection, start: float, end: float) -> dict[str, int]:
+    """How many times each rule fired in ``[start, end)``."""
+    rows = db.execute(f"SELECT rule, COUNT(*) {_FIRINGS} GROUP BY rule", (start, end))
+    return {str(rule): int(count) for rule, count in rows}
+
+
+def _firing_labels(db: sqlite3.Connection, start: float, end: float) -> list[dict[str, str]]:
+    return [json.loads(row[0]) for row in db.execute(f"SELECT labels {_FIRINGS}", (start, end))]
+
+
+def _count_of(labels: list[dict[str, str]], instance: str, model: str) -> int:
+    """The firings whose series is this server's and model's (a rule over every model of a server
+    counts for each of them; one that names neither, for none)."""
+    return sum(
+        1 for named in labels if named.get("instance") == instance and named.get("model_name", model) == model
+    )
+
+
 def _rules(
-    db: sqlite3.Connection, start: float, end: float, remedies: frozenset[str]
+    db: sqlite3.Connection,
+    start: float,
+    end: float,
+    remedies: frozenset[str],
+    fired_before: Mapping[str, int],
 ) -> list[dict[str, Any]]:
     """Each rule that fired in the period: its firings, when each resolved, and the time from the
     breach's start to the first remedy that did its work (the time users waited for it), or to
-    the first action of any kind when the rule has no remedy (a log line, a notice)."""
+    the first action of any kind when the rule has no remedy (a log line, a notice); and how many
+    times it fired in the period before."""
     firings = db.execute(
-        "SELECT id, at, rule, series, severity, value, since FROM events"
-        " WHERE kind='firing' AND shadow=0 AND at >= ? AND at < ? ORDER BY at",
-        (start, end),
+        f"SELECT id, at, rule, series, severity, value, since {_FIRINGS} ORDER BY at", (start, end)
     ).fetchall()
     rules: dict[str, dict[str, Any]] = {}
     for row in firings:
@@ -199,6 +232,7 @@ def _rules(
     for entry in rules.values():
         waits = [f["time_to_act"] for f in entry["firings"] if f["time_to_act"] is not None]
         entry["median_time_to_act"] = statistics.median(waits) if waits else None
+        entry["fired_previous"] = fired_before.get(entry["rule"], 0)
     return sorted(rules.values(), key=lambda e: (-e["fired"], e["rule"]))
 
 

@@ -19,7 +19,8 @@ shape (version 1)::
           "draft_cost_source": "baseline: method eagle3",
           "headline": {                             # the week, the week before, relative change
             "acceptance_rate": {"value": 0.62, "previous": 0.65, "change": -0.046}, ...
-          },                                        # names: HEADLINE below
+          },                                        # names: HEADLINE below, and "firings": the
+                                                    # rules' firings on this server and model
           "per_position": [0.81, 0.62, ...],        # vLLM's p_i (unconditional) over the drafts that
                                                     # had a position i, position 0 first
           "by_day": [{"day": "2026-11-30", "acceptance_rate": 0.6, "mean_acceptance_length": 3.1,
@@ -32,10 +33,10 @@ shape (version 1)::
         }
       ],
       "rules": [{"rule": "acceptance_fallback", "severity": "critical", "fired": 2,
-                 "resolved": 2, "median_time_to_act": 1.2,
+                 "fired_previous": 0, "resolved": 2, "median_time_to_act": 1.2,
                  "firings": [{"at": "...", "since": "...", "series": "...", "value": 0.31,
                               "resolved_at": "...", "time_to_act": 1.2}]}],
-      "fallbacks": {"count": 1, "seconds": 5400.0,
+      "fallbacks": {"count": 1, "seconds": 5400.0, "previous": {"count": 0, "seconds": 0.0},
                     "spans": [{"action": "fallback", "engaged": "...", "restored": "...",
                                "seconds": 5400.0}]},
       "restarts": [{"at": "...", "action": "fewer_tokens", "status": "ok",

@@ -50,6 +50,7 @@ _LABELS: dict[str, str] = {
     "kv_cache_usage_max": "KV-cache usage, max",
     "preemptions": "Preemptions",
     "drafts": "Drafts",
+    "firings": "Rules fired on it",
 }
 
 _UNITS: dict[str, str] = {
@@ -68,6 +69,7 @@ _UNITS: dict[str, str] = {
     "kv_cache_usage_max": "ratio",
     "preemptions": "count",
     "drafts": "count",
+    "firings": "count",
 }
 
 # Which way is better, for colouring a change: 1 up, -1 down, 0 neither (more traffic is not
@@ -84,6 +86,7 @@ _BETTER: dict[str, int] = {
     "e2e_latency_p95": -1,
     "generation_throughput": 1,
     "preemptions": -1,
+    "firings": -1,
 }
 
 
@@ -451,13 +454,18 @@ def _rules(report: Report) -> list[_Block]:
             _Cell(_text(rule.get("rule"))),
             _Cell(_text(rule.get("severity"))),
             _Cell(_count(rule.get("fired"))),
+            _Cell(_count(rule.get("fired_previous"))),
             _Cell(_count(rule.get("resolved"))),
             _Cell(_duration(rule.get("median_time_to_act"))),
         ]
         for rule in rules
     ]
     blocks.append(
-        _Table(("Rule", "Severity", "Fired", "Resolved", "Median time to act"), rows, align="llrrr")
+        _Table(
+            ("Rule", "Severity", "Fired", "Period before", "Resolved", "Median time to act"),
+            rows,
+            align="llrrrr",
+        )
     )
     firings = [
         (rule, firing) for rule in rules for firing in rule.get("firings") or [] if isinstance(firing, dict)
@@ -489,11 +497,24 @@ def _fallbacks(report: Report) -> list[_Block]:
     seconds = _number(fallbacks.get("seconds"))
     spans = [s for s in fallbacks.get("spans") or [] if isinstance(s, dict)]
     if not count and not spans:
-        return [*blocks, _Paragraph("No fallback to standard decoding in this period.")]
+        previous = fallbacks.get("previous") if isinstance(fallbacks.get("previous"), dict) else {}
+        before = (
+            f" The period before: {_count(previous.get('count'))}."
+            if previous and _number(previous.get("count"))
+            else ""
+        )
+        return [*blocks, _Paragraph(f"No fallback to standard decoding in this period.{before}")]
     total = _duration(seconds) + (f" ({seconds:.0f} s)" if seconds is not None and seconds >= 60 else "")
     plural = "" if count == 1 else "s"
+    previous = fallbacks.get("previous") if isinstance(fallbacks.get("previous"), dict) else {}
+    before = ""
+    if previous:
+        then = _number(previous.get("seconds"))
+        before = f" The period before: {_count(previous.get('count'))}, {_duration(then)} in fallback."
     blocks.append(
-        _Paragraph(f"{_count(count)} fallback{plural} to standard decoding, {total} in fallback in total.")
+        _Paragraph(
+            f"{_count(count)} fallback{plural} to standard decoding, {total} in fallback in total.{before}"
+        )
     )
     if spans:
         rows = [

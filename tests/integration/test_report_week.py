@@ -492,6 +492,13 @@ def test_every_series_holds_the_weeks_minutes_and_a_fixed_k(played: dict[str, An
         series = _series(played["report"], server.instance)
         assert series["minutes"] == len(_in(server.truth, MONDAY, MONDAY + 7 * DAY)) == 7 * 1440
         assert series["k"] == server.k and series["k_share"] is None
+        # each server's one incident (A's collapse, B's KV pressure); the rules ran this week only
+        assert series["headline"]["firings"] == {"value": 1.0, "previous": 0.0, "change": None}
+    assert {r["rule"]: r["fired_previous"] for r in played["report"]["rules"]} == {
+        "acceptance_collapse": 0,
+        "kv_pressure": 0,
+    }
+    assert played["report"]["fallbacks"]["previous"] == {"count": 0, "seconds": 0}
 
 
 def test_the_json_file_is_the_report_and_history_stays_small(played: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ inside the period, a daemon that was down for a while."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -120,3 +121,27 @@ async def test_the_reports_speedup_reproduces_table_1_of_leviathan_et_al(
     (k_item,) = [r for r in made["recommendations"] if r["kind"] == "num_speculative_tokens"]
     assert round(k_item["data"]["table"][gamma - 1]["speedup"], 2) == speed
     assert round(k_item["data"]["current_speedup"], 2) == speed
+
+
+async def test_firings_are_counted_per_server_and_against_the_period_before(store: Store) -> None:
+    def fire(db: Any, at: float, rule: str, labels: dict[str, str]) -> None:
+        db.execute(
+            "INSERT INTO events (at, rule, series, labels, kind, previous, value, threshold, severity,"
+            " summary, annotations, shadow, dry_run) VALUES (?, ?, ?, ?, 'firing', 'pending', 0.3, 0.4,"
+            " 'critical', '', '{}', 0, 0)",
+            (at, rule, json.dumps(labels), json.dumps(labels)),
+        )
+
+    ours = {"instance": "a:8000", "model_name": "m"}
+    await store.call(lambda db: fire(db, T0 - 1800, "low", ours))  # the hour before
+    await store.call(lambda db: fire(db, T0 + 600, "low", ours))
+    await store.call(lambda db: fire(db, T0 + 900, "low", ours))
+    await store.call(lambda db: fire(db, T0 + 950, "kv", {"instance": "a:8000"}))  # every model of a:8000
+    await store.call(lambda db: fire(db, T0 + 999, "low", {"instance": "b:8000", "model_name": "m"}))
+    series = await report_of(store, [(T0 + 5 + 10 * i, page(10 * i, (5 * i,))) for i in range(30)], T0 + 3600)
+    assert series["headline"]["firings"] == {"value": 3.0, "previous": 1.0, "change": 2.0}
+    made = await store.call(lambda db: build(db, T0, T0 + 3600, baseline=BASELINE, host="h", now=T0 + 3600))
+    assert {r["rule"]: (r["fired"], r["fired_previous"]) for r in made["rules"]} == {
+        "low": (3, 1),
+        "kv": (1, 0),
+    }

@@ -127,15 +127,19 @@ def test_the_sections_come_in_the_report_s_order() -> None:
 def test_rules_fallbacks_restarts_and_silences_are_told_with_their_times() -> None:
     text = render.markdown(week(), {})
     rules = section(text, "## Rules fired")
-    assert "| acceptance_fallback | critical | 1 | 1 | 1.2 s |" in rules
-    assert "| acceptance_low | warning | 3 | 2 | 41 s |" in rules
-    assert f"| latency_regression | warning | 1 | 1 | {DASH} |" in rules  # no action: no time to act
+    assert "| Rule | Severity | Fired | Period before | Resolved | Median time to act |" in rules
+    assert "| acceptance_fallback | critical | 1 | 0 | 1 | 1.2 s |" in rules
+    assert "| acceptance_low | warning | 3 | 5 | 2 | 41 s |" in rules
+    assert f"| latency_regression | warning | 1 | 1 | 1 | {DASH} |" in rules  # no action: no time to act
     assert (
         "| 2026-12-02 14:09 UTC | acceptance_fallback | instance=10.0.0.7:8000, model_name=llama-70b | 0.187 "
         "| 2026-12-02 14:06 UTC | 2026-12-02 15:31 UTC | 1.2 s |"
     ) in rules
     fallbacks = section(text, "## Fallbacks")
-    assert "1 fallback to standard decoding, 1 h 30 min (5400 s) in fallback in total." in fallbacks
+    assert (
+        "1 fallback to standard decoding, 1 h 30 min (5400 s) in fallback in total. The period before: 2, "
+        "15 min in fallback."
+    ) in fallbacks
     assert "| fallback | 2026-12-02 14:09 UTC | 2026-12-02 15:39 UTC | 1 h 30 min |" in fallbacks
     restarts = section(text, "## Restarts and rung changes")
     assert "| 2026-12-05 10:12 UTC | fewer_tokens | ok | 4 → 3 |" in restarts
