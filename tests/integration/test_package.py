@@ -1,5 +1,6 @@
 """The distribution: `python -m build` makes a wheel and an sdist, and the wheel, installed into a
-fresh virtualenv with no source tree beside it, is a working specguard on its shipped rule pack.
+fresh virtualenv with no source tree beside it, is a working specguard on its shipped rule pack,
+and its playbook tool, `specguard bench`, runs from it without any extra.
 
 The install is tests/installed.py's, made once per session; every command here runs the installed
 `specguard`, from an empty directory, with no PYTHONPATH.
@@ -7,20 +8,28 @@ The install is tests/installed.py's, made once per session; every command here r
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import re
 import signal
+import subprocess
+import sys
 import tarfile
+import time
+import tomllib
+import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.installed import Installed
+from tests.installed import REPO, Installed
 from tests.ports import free_port
 from tests.processes import Daemon
 
 PACKAGES = {"daemon", "rules", "actions", "common", "sim", "playbook", "report"}
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
 def test_the_wheel_holds_the_packages_and_their_data_and_no_tests(installed: Installed) -> None:
@@ -32,6 +41,23 @@ def test_the_wheel_holds_the_packages_and_their_data_and_no_tests(installed: Ins
     assert "rules/packs/speculative.yaml" in names
     assert "playbook/bench/prompts/chat.jsonl" in names
     assert "daemon/cli.py" in names
+    # The license, as PEP 639 places it, byte for byte the file in the tree.
+    (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        assert wheel.read(license_file) == (REPO / "LICENSE").read_bytes()
+
+
+def test_the_license_is_apache_2_0_in_the_tree_the_metadata_and_the_sdist(installed: Installed) -> None:
+    text = (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert installed.metadata["License-Expression"] == ["Apache-2.0"]
+    assert installed.metadata["License-File"] == ["LICENSE"]
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
+    with tarfile.open(installed.sdist) as sdist:
+        (member,) = [m for m in sdist.getmembers() if m.name.split("/", 1)[-1] == "LICENSE"]
+        carried = sdist.extractfile(member)
+        assert carried is not None and carried.read() == (REPO / "LICENSE").read_bytes()
 
 
 def test_the_sdist_carries_the_units_the_example_config_and_the_dashboard(installed: Installed) -> None:
@@ -40,6 +66,7 @@ def test_the_sdist_carries_the_units_the_example_config_and_the_dashboard(instal
     for path in (
         "pyproject.toml",
         "README.md",
+        "LICENSE",
         "systemd/specguard.service",
         "systemd/vllm.service",
         "systemd/vllm.service.d/specguard.conf",
@@ -78,6 +105,53 @@ def test_the_extras_are_named_for_what_they_bring_and_the_daemon_needs_none(inst
     assert done.stdout.strip() == "[]"
 
 
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level modules the shipped packages import, other than the standard library and their
+    own, each with the files that import it."""
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in PACKAGES and top != "__future__":
+                        found.setdefault(top, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def _distribution(requirement: str) -> str:
+    name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503's normalized name
+
+
+# pydantic pins its pydantic-core to one exact version: declaring it beside pydantic could only
+# conflict with that pin.
+BROUGHT_BY_PIN = {"pydantic-core": "pydantic"}
+
+
+def test_every_third_party_module_the_code_imports_is_a_declared_dependency(installed: Installed) -> None:
+    """A module imported directly but only present because another dependency brings it breaks
+    when that dependency stops bringing it (as requests and urllib3 came with prometheus-api-client)."""
+    declared = {_distribution(r) for r in installed.metadata["Requires-Dist"]}
+    providers = importlib.metadata.packages_distributions()  # this test environment's, extras included
+    undeclared = {}
+    for module, files in sorted(_third_party_imports().items()):
+        assert module in providers, f"{module} (imported by {sorted(files)}) is not installed here"
+        names = {re.sub(r"[-_.]+", "-", d).lower() for d in providers[module]}
+        if not names & (declared | set(BROUGHT_BY_PIN)):
+            undeclared[module] = sorted(files)
+    assert undeclared == {}
+    # The list above is not vacuous: it holds the imports the Prometheus source makes itself.
+    assert {"requests", "urllib3", "prometheus_api_client"} <= set(_third_party_imports())
+    assert {"requests", "urllib3"} <= declared
+
+
 def test_the_installed_modules_come_from_the_venv_and_no_test_code_is_there(installed: Installed) -> None:
     done = installed.python("import daemon, rules; print(daemon.__file__); print(rules.__file__)")
     assert done.returncode == 0, done.stderr
@@ -91,8 +165,13 @@ def test_the_installed_modules_come_from_the_venv_and_no_test_code_is_there(inst
     assert not [f for f in files if f.startswith("tests/") or Path(f).name.startswith(("test_", "conftest"))]
 
 
-def test_version_comes_from_the_package_metadata(installed: Installed) -> None:
-    (version,) = installed.metadata["Version"]
+def test_version_is_the_one_pyproject_declares(installed: Installed) -> None:
+    version = PYPROJECT["project"]["version"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+    assert installed.metadata["Version"] == [version]
+    done = installed.python("import importlib.metadata; print(importlib.metadata.version('specguard'))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == version  # what pip recorded in the venv
     done = installed.run("--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"specguard {version}"
@@ -155,3 +234,61 @@ async def test_run_serves_evaluates_and_stops_from_the_install(
     text = page.read_text()
     assert "Charts are not included: charts need matplotlib" in text
     assert "tiny-llama on 127.0.0.1:" in text  # the history the installed daemon recorded
+
+
+def test_bench_measures_the_installed_simulator_without_any_extra(installed: Installed) -> None:
+    """The playbook's tool needs nothing beyond the wheel: the installed `specguard simulate` on a
+    loopback port, and a short `specguard bench` against it, both from the venv without extras."""
+    assert installed.python("import matplotlib").returncode != 0  # no extra here
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    k = 3
+    with (installed.home / "simulate.log").open("wb") as log:
+        simulator = subprocess.Popen(
+            [str(installed.specguard), "simulate", "--port", str(port), "--seed", "1",
+             "--speculative-config", json.dumps({"method": "draft_model", "model": "draft", "num_speculative_tokens": k}),
+             "--step-time", "0.002"],
+            cwd=installed.home, env=installed.env(), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        _wait_healthy(simulator, url, installed.home / "simulate.log")
+        baseline = installed.home / "baseline.json"
+        done = installed.run(
+            "bench", "--url", url, "--classes", "chat", "--num-prompts", "6", "--concurrency", "2",
+            "--max-tokens", "16", "--warmup", "0", "--json", "--write-baseline", str(baseline),
+            "--method", "draft_model",
+        )  # fmt: skip
+    finally:
+        simulator.terminate()
+        try:
+            simulator.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            simulator.kill()
+            simulator.wait()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["partial"] is False
+    assert report["server"]["draft_positions"] == k
+    summary = report["phases"]["chat"]["summary"]
+    assert (summary["requests"], summary["completed"]) == (6, 6)
+    assert summary["output_tokens"] == 6 * 16  # every request made --max-tokens (ignore_eos)
+    acceptance = report["phases"]["chat"]["acceptance"]  # read from the simulator's /metrics
+    assert acceptance["drafts"] > 0 and 0 < acceptance["accepted_tokens"] <= acceptance["draft_tokens"]
+    written = json.loads(baseline.read_text())
+    assert "tiny-llama" in json.dumps(written)  # the baseline the latency rules read, per model
+
+
+def _wait_healthy(process: subprocess.Popen[bytes], url: str, log: Path, timeout: float = 60) -> None:
+    """Until the simulator answers /health (its port refuses connections while it starts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"specguard simulate exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    pytest.fail(f"specguard simulate did not answer /health in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
