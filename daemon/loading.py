@@ -132,6 +132,7 @@ def load(
     loaded.actions = _load_actions(config, data, label, loaded.problems, base_dir)
     loaded.baseline = _load_baseline(config, data, label, loaded.problems)
     _check_report_slack(loaded, data)
+    _check_report_history(loaded, data)
     patterns = list(rule_files) or list(config.rules)
     # Files named on the command line are relative to where the command runs, like promtool's;
     # files named in the config are relative to the config.
@@ -356,6 +357,24 @@ def _load_actions(
         except ValueError as exc:  # names an action that is not there, or of the wrong type
             problems.append(Problem(label, line_of(data, ("actions", name)), f"actions.{name}", str(exc)))
     return actions
+
+
+def _check_report_history(loaded: Loaded, data: Any) -> None:
+    """With the Prometheus source the daemon reads no /metrics of its own: history, and the report's
+    figures, come only from the servers listed under history.scrape."""
+    config = loaded.config
+    if config.sources.prometheus is None or not config.history.enabled or config.history.scrape is not None:
+        return
+    loaded.problems.append(
+        Problem(
+            loaded.config_file or "<defaults>",
+            line_of(data, ("sources", "prometheus")),
+            "history.scrape",
+            "with the Prometheus source the daemon keeps history only of the vLLM servers listed under "
+            "history.scrape.targets: without them the weekly report has no acceptance or latency figures",
+            warning=True,
+        )
+    )
 
 
 def _check_report_slack(loaded: Loaded, data: Any) -> None:

@@ -79,6 +79,8 @@ sources:
     url: http://127.0.0.1:9090
 rules: [rules.yaml]
 """
+# ... and the vLLM server whose history the report reads (else `check` warns that it has none)
+HISTORY = "history: {scrape: {targets: ['http://127.0.0.1:8000/metrics']}}\n"
 
 EXPR_RULE = """\
 rules:
@@ -391,7 +393,7 @@ def test_promql_expr_on_a_scrape_only_config(capsys: pytest.CaptureFixture[str])
 
 
 def test_promql_expr_is_accepted_with_a_prometheus_source(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = check_rules(capsys, EXPR_RULE, PROMETHEUS_CONFIG)
+    code, out, err = check_rules(capsys, EXPR_RULE, PROMETHEUS_CONFIG + HISTORY)
     assert (code, err) == (0, "")
     assert out == "OK: 1 rules in 1 file(s), 1 action(s)\n"
 
@@ -573,7 +575,7 @@ def test_a_readable_bearer_token_file_is_accepted_and_never_printed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     write("token", "s3cr3t-token\n")
-    config = PROMETHEUS_CONFIG.replace("    url:", "    bearer_token_file: token\n    url:")
+    config = PROMETHEUS_CONFIG.replace("    url:", "    bearer_token_file: token\n    url:") + HISTORY
     code, out, err = check_rules(capsys, EXPR_RULE, config)
     assert (code, err) == (0, "")
     assert "s3cr3t" not in out
@@ -850,3 +852,20 @@ def test_a_feature_flag_token_that_cannot_be_read(
     code, out, err = check(capsys, "--config", "cfg.yaml")
     assert code == 0, err
     assert "tok-123" not in out + err
+
+
+def test_the_prometheus_source_without_history_targets_warns_that_the_report_has_no_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    write("rules.yaml", ONE_RULE)
+    write("cfg.yaml", PROMETHEUS_CONFIG)
+    code, _, err = check(capsys, "--config", "cfg.yaml")
+    assert code == 0, err
+    (line,) = [w for w in warning_lines(err) if "history.scrape" in w]
+    assert line.startswith("cfg.yaml:2: warning: history.scrape: with the Prometheus source")
+    write("cfg.yaml", PROMETHEUS_CONFIG + HISTORY)
+    _, _, err = check(capsys, "--config", "cfg.yaml")
+    assert not [w for w in warning_lines(err) if "history.scrape" in w]
+    write("cfg.yaml", PROMETHEUS_CONFIG + "history: {enabled: false}\n")
+    _, _, err = check(capsys, "--config", "cfg.yaml")
+    assert not [w for w in warning_lines(err) if "history.scrape" in w]
