@@ -128,12 +128,22 @@ def test_unit_verifies_clean(tmp_path: Path, unit: Path, installed: Installed) -
 
 
 EXPOSURE = re.compile(r"Overall exposure level for specguard\.service: (\d+\.\d+) ")
+# Where the README's operator guide shows the figure: the command's output, and the prose.
+README_EXPOSURE = re.compile(r"Overall exposure level: (\d+\.\d+)|exposure score, (\d+\.\d+) on a scale")
+
+
+def readme_exposure_figures() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    return [a or b for a, b in README_EXPOSURE.findall(text)]
 
 
 @pytest.mark.real
-def test_the_service_exposure_is_at_most_2_0(tmp_path: Path, installed: Installed) -> None:
+def test_the_service_exposure_is_at_most_2_0_and_is_the_figure_the_readme_shows(
+    tmp_path: Path, installed: Installed
+) -> None:
     """`systemd-analyze security --offline` scores the unit's sandboxing from 0 (locked down) to 10;
-    the README shows the figure."""
+    the README shows the figure, which must be the one measured here (a hardening change that moves
+    it must move the README too)."""
     binary = require_binary("systemd-analyze", "systemd")
     unit = tmp_path / "specguard.service"
     copy_with_stand_ins(SYSTEMD / "specguard.service", unit, installed_stand_ins(installed))
@@ -144,6 +154,9 @@ def test_the_service_exposure_is_at_most_2_0(tmp_path: Path, installed: Installe
     found = EXPOSURE.search(result.stdout)
     assert found is not None, result.stdout[-2000:] + result.stderr
     assert float(found[1]) <= 2.0, result.stdout
+    shown = readme_exposure_figures()
+    assert len(shown) >= 2, "the README no longer shows the exposure figure where this test looks"
+    assert set(shown) == {found[1]}, f"README shows {shown}; systemd-analyze measures {found[1]}"
     # Each hardening line the unit relies on is scored as present (a check mark), not only summed.
     for directive in ("ProtectSystem=", "PrivateDevices=", "NoNewPrivileges=", "RestrictNamespaces=~"):
         line = next(line for line in result.stdout.splitlines() if directive in line)
