@@ -14,6 +14,12 @@ the condition ``G >= h`` (h + ln(n) with n levels: a union bound keeps the false
 all of them together): pending, firing, ``for`` and the no-data policy work as for any rule.
 When the series resolves, G starts again from 0. Everything lives in the series' ``detector``
 state, which the store keeps: a restart neither forgets the calibration nor the evidence so far.
+
+A calibration holds only for the windows it was measured on: φ is the dispersion of windows of
+the rule's interval (a window twice as long holds about twice the tokens of each request, and φ
+grows with them), counted when they had ``min_trials``, over ``warmup``. The state keeps those
+settings, and when the rule's differ (a reloaded or restarted daemon with another config) the
+series warms up again, said once with the reason, rather than judging with a φ of other windows.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from daemon.baseline import Baseline
 from daemon.engine import Outcome, SeriesState, State, Verdict, series_key
 from daemon.sources.base import Invalid, Series, SourceResult
 from rules.conditions import Condition
+from rules.durations import format_duration
 from rules.schema import DETECT_SIGNAL, Detect
 
 CAP = 2.0  # G is held at CAP x h once it alarms
@@ -60,9 +67,13 @@ class DetectorState:
     trials: float | None = None  # the last window's S + F
     windows: int = 0  # windows judged since the warm-up
     seen: float | None = None  # when the last window with data came (warm-up neighbours)
+    # The settings the warm-up measured under (``calibration_of``); None in a state stored before
+    # they were kept.
+    calibration: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "calibration": self.calibration,
             "g": self.g,
             "gs": list(self.gs),
             "alpha0": self.alpha0,
@@ -84,7 +95,9 @@ class DetectorState:
             return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
         gs = raw.get("gs")
+        calibration = raw.get("calibration")
         return cls(
+            calibration=dict(calibration) if isinstance(calibration, dict) else None,
             g=number("g") or 0.0,
             gs=[float(v) for v in gs if isinstance(v, int | float)] if isinstance(gs, list) else [],
             alpha0=number("alpha0"),
@@ -97,6 +110,44 @@ class DetectorState:
         )
 
 
+def calibration_of(detect: Detect, interval: float) -> dict[str, Any]:
+    """What a warm-up's φ and α0 depend on: the windows (their length, the trials that make one
+    count, how many) and which of φ and α0 it learns."""
+    return {
+        "interval": interval,
+        "min_trials": detect.min_trials,
+        "warmup": detect.warmup,
+        "learns_phi": detect.phi is None,
+        "learns_alpha0": detect.in_control == "learn",
+    }
+
+
+_MEASURED = (("interval", "the interval"), ("min_trials", "min_trials"), ("warmup", "the warm-up"))
+
+
+def recalibration(detect: Detect, interval: float, stored: Mapping[str, Any] | None) -> str | None:
+    """Why a state calibrated under ``stored`` cannot judge for this rule (None: it can)."""
+    now = calibration_of(detect, interval)
+    if stored is None or not (now["learns_phi"] or now["learns_alpha0"]):
+        # Nothing learned, nothing stale. A state kept before its calibration was (None) is taken
+        # as the rule's: it cannot be told, and an hour without detection is a worse default.
+        return None
+    reasons = []
+    for key, name in _MEASURED:
+        before, after = stored.get(key), now[key]
+        if before != after:
+            if key == "min_trials":
+                reasons.append(f"{name} changed from {before} to {after}")
+            else:
+                shown = format_duration(before) if isinstance(before, int | float) else "unknown"
+                reasons.append(f"{name} changed from {shown} to {format_duration(after)}")
+    if now["learns_phi"] and not stored.get("learns_phi"):
+        reasons.append("phi is now estimated, not given")
+    if now["learns_alpha0"] and not stored.get("learns_alpha0"):
+        reasons.append("in_control is now learned, not given")
+    return "; ".join(reasons) or None
+
+
 @dataclass(frozen=True)
 class Judged:
     """What the detector makes of one evaluation's answer, before the engine sees it."""
@@ -104,6 +155,8 @@ class Judged:
     result: SourceResult  # G per judged series; errors as invalid
     detectors: dict[str, dict[str, Any]]  # series key -> its new detector state
     warming: frozenset[str] = frozenset()  # keys of the series still calibrating
+    # Series key -> why its calibration no longer applies and it warms up again.
+    recalibrated: dict[str, str] = field(default_factory=dict)
 
 
 def judge(
@@ -124,10 +177,18 @@ def judge(
     invalid: list[Invalid] = list(answer.invalid)
     warming: set[str] = set()
     detectors: dict[str, dict[str, Any]] = {}
+    recalibrated: dict[str, str] = {}
+    calibration = calibration_of(detect, interval)
     for series in answer.series:
         key = series_key(series.labels)
         old = previous.get(key)
         state = DetectorState.from_json(old.detector if old is not None else None)
+        why = recalibration(detect, interval, state.calibration)
+        if why is not None:
+            # φ (and a learned α0) of other windows would set every Z wrong; G summed them.
+            state = DetectorState()
+            recalibrated[key] = why
+        state.calibration = calibration
         trials = series.trials or 0.0
         if trials < detect.min_trials:
             continue  # too little evidence either way: no data, the statistic as it was
@@ -177,7 +238,10 @@ def judge(
     result = SourceResult(
         series=tuple(judged), detail=answer.detail, invalid=tuple(invalid), warming=answer.warming
     )
-    return Judged(result, detectors, frozenset(warming))
+    for key in recalibrated:
+        if key not in detectors:  # no window with data: the fresh state is kept all the same
+            detectors[key] = DetectorState(calibration=calibration).to_json()
+    return Judged(result, detectors, frozenset(warming), recalibrated)
 
 
 def _warming(detect: Detect, state: DetectorState, needed: int) -> bool:

@@ -7,6 +7,8 @@ signals they are made of: ``estimated_speedup`` is the mean acceptance length di
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterable, Mapping
 
 from daemon import detection
@@ -27,6 +29,8 @@ from daemon.loading import LoadedRule
 from daemon.sources.base import Invalid, Source, SourceResult
 from rules.conditions import MissingBaseline
 from rules.signals import CATALOG, Kind, Signal, get_signal
+
+log = logging.getLogger("specguard")
 
 FORGET_AFTER_WINDOWS = 5  # a series absent for 5 windows is forgotten, unless the rule says otherwise
 DETECTOR_FORGET_AFTER = 7 * 86400.0  # a detector's series: a week
@@ -216,6 +220,15 @@ async def evaluate_rule(
         every = item.rule.interval or interval
         answer = await query(item, source, baseline, every)
         judged = detection.judge(detect, every, answer, previous, baseline, now)
+        for key, why in judged.recalibrated.items():
+            # Once: the new state keeps the settings it is measured under.
+            log.warning(
+                "%s: series %s warms up again: %s, so its phi and in_control were measured on other windows",
+                item.name,
+                key,
+                why,
+                extra={"rule": item.name, "labels": json.loads(key)},
+            )
         h = detection.h_of(detect, every)
         outcome = evaluate(spec_of(item, interval), judged.result, h, previous, now, trigger)
         return detection.settle(outcome, judged, previous, now), answer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ class Windows:
     def __init__(self) -> None:
         self.next: tuple[float, float] | None = None
         self.rng = random.Random(1)
+        self.window = INTERVAL  # the rule's interval: what every query must ask for
 
     def draw(self, alpha: float, trials: int = 1000) -> None:
         successes = sum(self.rng.random() < alpha for _ in range(trials))
@@ -46,7 +48,7 @@ class Windows:
     async def query_signal(
         self, signal: Signal, window: float, group_by: Sequence[str], *_: Any
     ) -> SourceResult:
-        assert signal.name == "token_acceptance" and window == INTERVAL  # one interval per window
+        assert signal.name == "token_acceptance" and window == self.window  # one interval per window
         if self.next is None:
             return SourceResult()
         value, trials = self.next
@@ -59,12 +61,12 @@ class Windows:
         return None
 
 
-def detector_rule(**detect: Any) -> LoadedRule:
+def detector_rule(interval: str = "10s", **detect: Any) -> LoadedRule:
     detect.setdefault("in_control", 0.75)
     detect.setdefault("shift_to", 0.45)
     detect.setdefault("false_alarm_every", "30d")
     detect.setdefault("warmup", "100s")  # ten windows
-    fields = {"name": "collapse", "signal": "token_acceptance", "interval": "10s", "detect": detect}
+    fields = {"name": "collapse", "signal": "token_acceptance", "interval": interval, "detect": detect}
     return LoadedRule(Rule.model_validate(fields), "rules.yaml", 1)
 
 
@@ -78,15 +80,18 @@ class Run:
         self.now = 1_000_000.0
         self.events: list[tuple[float, State]] = []
 
-    async def window(self, alpha: float | None, trials: int = 1000) -> SeriesState:
+    async def window(self, alpha: float | None, trials: int = 1000, exact: bool = False) -> SeriesState:
+        """The next window: drawn at ``alpha``, or (``exact``) with α̂ exactly ``alpha``."""
         if alpha is None:
             self.source.next = None
+        elif exact:
+            self.source.next = (alpha, float(trials))
         else:
             self.source.draw(alpha, trials)
-        self.now += INTERVAL
-        outcome, _ = await evaluate_rule(
-            self.item, self.source, self.baseline, self.states, self.now, INTERVAL
-        )  # type: ignore[arg-type]
+        every = self.item.rule.interval or INTERVAL
+        self.source.window = every
+        self.now += every
+        outcome, _ = await evaluate_rule(self.item, self.source, self.baseline, self.states, self.now, every)  # type: ignore[arg-type]
         self.states = outcome.states
         self.events += [(e.at, e.kind) for e in outcome.events]
         self.verdict = outcome.verdicts.get(KEY)
@@ -293,3 +298,102 @@ async def test_a_gap_in_the_warm_up_does_not_pair_windows_that_were_not_neighbou
     warmup = state.detector["warmup"]
     assert warmup["windows"] == 10
     assert warmup["cross"]["1"][0] == 3 + 5  # pairs within each run of neighbours, none across
+
+
+LEARNING = {"in_control": "learn", "shift_to": None, "drop": 0.2}
+
+
+async def calibrated(run: Run) -> dict[str, Any]:
+    """Ten windows of warm-up at 0.75 with 10 s windows, then one at 0.62: G above 0, below h."""
+    for _ in range(10):
+        await run.window(0.75)
+    state = await run.window(0.62, trials=200, exact=True)
+    assert run.verdict is Verdict.OK and state.detector is not None
+    assert state.detector["g"] > 0 and state.detector["phi"] is not None
+    assert state.detector["calibration"] == {
+        "interval": 10.0, "min_trials": 100, "warmup": 100.0, "learns_phi": True, "learns_alpha0": True
+    }  # fmt: skip
+    return dict(state.detector)
+
+
+@pytest.mark.parametrize(
+    ("changed", "reason"),
+    [
+        ({"interval": "5s"}, "the interval changed from 10s to 5s"),
+        ({"warmup": "200s"}, "the warm-up changed from 1m40s to 3m20s"),
+        ({"min_trials": 500}, "min_trials changed from 100 to 500"),
+    ],
+)
+async def test_a_calibration_from_other_windows_is_not_reused_the_series_warms_up_again_said_once(
+    changed: dict[str, Any], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = Run(detector_rule(**LEARNING))
+    await calibrated(run)
+    run.item = detector_rule(**{**LEARNING, **changed})  # the config the daemon is reloaded with
+    with caplog.at_level("WARNING", logger="specguard"):
+        for _ in range(3):
+            state = await run.window(0.75)
+            assert run.verdict is Verdict.WARMING_UP
+    assert state.detector is not None
+    assert (state.detector["g"], state.detector["phi"], state.detector["alpha0"]) == (0.0, None, None)
+    assert state.detector["warmup"]["windows"] == 3  # counted again from the change
+    said = [r.getMessage() for r in caplog.records if "warms up again" in r.getMessage()]
+    assert said == [
+        f"collapse: series {KEY} warms up again: {reason}, so its phi and in_control were "
+        "measured on other windows"
+    ]
+    assert caplog.records[0].__dict__["labels"] == LABELS
+
+
+async def test_in_control_learned_where_it_was_given_warms_up_again_but_given_where_learned_does_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    given = Run(detector_rule())  # in_control 0.75: the warm-up estimates phi only
+    for _ in range(11):
+        await given.window(0.75)
+    given.item = detector_rule(**LEARNING)
+    with caplog.at_level("WARNING", logger="specguard"):
+        await given.window(0.75)
+    assert given.verdict is Verdict.WARMING_UP
+    assert "in_control is now learned, not given" in caplog.text
+    caplog.clear()
+    # The other way, phi still holds: it measured the windows' spread around their own mean.
+    learned = Run(detector_rule(**LEARNING))
+    before = await calibrated(learned)
+    learned.item = detector_rule(in_control=0.75, shift_to=None, drop=0.2)
+    with caplog.at_level("WARNING", logger="specguard"):
+        state = await learned.window(0.62, trials=200, exact=True)
+    assert learned.verdict is Verdict.OK and caplog.text == ""
+    assert state.detector is not None and state.detector["phi"] == before["phi"]
+    assert state.detector["g"] > before["g"]
+
+
+async def test_a_state_kept_before_its_calibration_was_is_taken_as_the_rules(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = Run(detector_rule(**LEARNING))
+    before = await calibrated(run)
+    state = run.states[KEY]
+    assert state.detector is not None
+    run.states = {
+        KEY: replace(state, detector={k: v for k, v in state.detector.items() if k != "calibration"})
+    }
+    with caplog.at_level("WARNING", logger="specguard"):
+        state = await run.window(0.62, trials=200, exact=True)
+    assert run.verdict is Verdict.OK and caplog.text == ""
+    assert state.detector is not None and state.detector["g"] > before["g"]
+    assert state.detector["calibration"] == before["calibration"]
+
+
+async def test_with_phi_and_in_control_given_a_new_interval_changes_nothing_learned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = Run(detector_rule(phi=2.0, shift_to=0.6))
+    await run.window(0.65, trials=200, exact=True)
+    g = run.states[KEY].detector["g"] if run.states[KEY].detector else 0.0
+    assert g > 0  # no warm-up: judged from the first window
+    run.item = detector_rule("5s", phi=2.0, shift_to=0.6)
+    with caplog.at_level("WARNING", logger="specguard"):
+        state = await run.window(0.65, trials=200, exact=True)
+    assert run.verdict is Verdict.OK and caplog.text == ""
+    assert state.detector is not None and state.detector["g"] > g
