@@ -8,6 +8,16 @@ Requests go to the server in rounds; after each, its ``/metrics`` say what those
 the evidence, round by round, until it says *recovered* (acceptance back at ``in_control``) or
 *collapsed* (still at ``shift_to``) with the stated error rates, or runs out of rounds
 (*undecided*, which verifies nothing). See ``common.sequential``.
+
+Each round's evidence is divided by the round's own dispersion: its requests differ from one
+another (``spread``), and each carries about ``max_tokens`` trials at most (a trial is an accepted
+draft token or a rejection, and each comes with a generated token), so a round varies at most
+1 + (max_tokens − 1) spread² / (α(1 − α)) times as much as as many independent tokens
+(``common.sequential.round_dispersion``). Not the collapse detector's φ: that one measures a whole
+server's windows, requests carried from one to the next, tens of times larger, and would hold the
+test undecided round after round. Traffic the server serves during a round is counted too: the
+canary's server has none (its traffic is on the fallback); a restart's check without ``drain``
+may have some, whose requests add their own trials to the round.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from common.sequential import Decision, Sprt, alpha_hat, chain_trials
+from common.sequential import Decision, Sprt, alpha_hat, chain_trials, round_dispersion
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -35,9 +45,12 @@ class SprtParams(BaseModel):
 
     in_control: float = Field(gt=0, lt=1)  # per-token acceptance when healthy (token_acceptance)
     shift_to: float = Field(gt=0, lt=1)  # ... and when collapsed
-    # The dispersion of the server's traffic (the collapse detector's phi, in /api/status): the
-    # canary's few requests vary as any requests do.
-    phi: float = Field(1.0, ge=1)
+    # How much one request's per-token acceptance differs from another's (a standard deviation):
+    # the simulator's --acceptance-spread, 0.1 in its benchmarks; 0.15 leaves room for real
+    # traffic's wider mix. With 0 (every request alike) the rounds are binomial.
+    spread: float = Field(0.15, ge=0, lt=0.5)
+    # A fixed dispersion per round instead of the one ``spread`` gives (see the module's text).
+    phi: float | None = Field(None, ge=1)
     false_recovery: float = Field(0.01, gt=0, lt=0.5)  # P(called recovered | still collapsed)
     false_collapse: float = Field(0.05, gt=0, lt=0.5)  # P(called collapsed | recovered)
     rounds: int = Field(8, ge=1, le=100)  # at most this many rounds of requests
@@ -46,10 +59,22 @@ class SprtParams(BaseModel):
     def _below(self) -> SprtParams:
         if self.shift_to >= self.in_control:
             raise ValueError(f"shift_to ({self.shift_to:g}) must lie below in_control ({self.in_control:g})")
+        for alpha in (self.in_control, self.shift_to):
+            round_dispersion(1, self.spread, alpha)  # raises, saying why, for a spread no Beta has
         return self
 
-    def test(self) -> Sprt:
-        return Sprt(self.in_control, self.shift_to, self.phi, self.false_recovery, self.false_collapse)
+    def dispersion(self, max_tokens: int) -> float:
+        """φ of a round of requests of at most ``max_tokens`` tokens each: ``phi`` when given, else
+        the larger of the round's dispersions under the two hypotheses, so that the error rates
+        hold under both."""
+        if self.phi is not None:
+            return self.phi
+        return max(round_dispersion(max_tokens, self.spread, a) for a in (self.in_control, self.shift_to))
+
+    def test(self, max_tokens: int) -> Sprt:
+        """Wald's test for rounds of requests of at most ``max_tokens`` tokens each."""
+        phi = self.dispersion(max_tokens)
+        return Sprt(self.in_control, self.shift_to, phi, self.false_recovery, self.false_collapse)
 
 
 @dataclass(frozen=True)
@@ -110,10 +135,12 @@ async def sprt_probe(
     read_metrics: Callable[[], Awaitable[str]],
     send_round: Callable[[], Awaitable[None]],
     what: str,
+    max_tokens: int,
 ) -> Verdict:
-    """Rounds of ``send_round`` until Wald's test decides; ``what`` names the probe in the detail.
-    Raises what the two callables raise (the caller reports a server that does not answer)."""
-    sprt = params.test()
+    """Rounds of ``send_round`` (requests of at most ``max_tokens`` tokens each) until Wald's test
+    decides; ``what`` names the probe in the detail. Raises what the two callables raise (the
+    caller reports a server that does not answer)."""
+    sprt = params.test(max_tokens)
     start = before = totals(await read_metrics())
     evidence = 0.0
     decision = Decision.UNDECIDED
@@ -159,7 +186,7 @@ async def sprt_probe(
     detail = (
         f"{what}: {said}, {rates}): per-token acceptance {alpha:.2f} over {successes + failures:,.0f} "
         f"trials in {done} round(s), evidence {_signed(evidence)} against bounds "
-        f"{_signed(sprt.lower)} / {_signed(sprt.upper)}"
+        f"{_signed(sprt.lower)} / {_signed(sprt.upper)} (phi {sprt.phi:.2f} per round)"
     )
     return Verdict(decision, detail, alpha, done)
 

@@ -21,7 +21,10 @@ length of at least T windows (one false alarm per T windows at most, on average)
 
 **SPRT** (Wald) to verify a remedy: Λ = ΣZ until Λ ≥ ln((1−β)/a) (still collapsed) or
 Λ ≤ ln(β/(1−a)) (recovered), with a = P(called collapsed | recovered), β = P(called recovered |
-still collapsed).
+still collapsed). Its rounds are a few requests sent at once, each its own draw of the traffic's
+variety, so a round's tokens are overdispersed too, but only by what differs between requests
+(``round_dispersion``): nothing carries over from one round to the next, and the CUSUM's long-run
+φ, which counts requests spread over many windows, is tens of times too large for a round.
 
 Pure arithmetic, no dependencies: the daemon's detector and the actions' checks share it.
 """
@@ -243,6 +246,21 @@ class Decision(StrEnum):
     RECOVERED = "recovered"
     COLLAPSED = "collapsed"
     UNDECIDED = "undecided"
+
+
+def round_dispersion(trials_per_request: float, spread: float, alpha: float) -> float:
+    """Pearson's dispersion of the tokens of independent requests of n trials each, whose own
+    per-token acceptances vary around α with standard deviation s = ``spread``: given its α_i a
+    request's S is binomial, so Var(S) = n E[α_i(1 − α_i)] + n² s² = n α(1 − α) + n(n − 1) s², and
+    φ = 1 + (n − 1) s² / (α(1 − α)), however many requests the round holds."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"a per-token acceptance is in (0, 1), got {alpha!r}")
+    if spread < 0 or spread * spread >= alpha * (1 - alpha):
+        raise ValueError(
+            f"spread {spread:g} is not a standard deviation of acceptances around {alpha:g}: it must "
+            f"be at least 0 and below sqrt(alpha (1 - alpha)) = {math.sqrt(alpha * (1 - alpha)):.3f}"
+        )
+    return 1 + max(0.0, trials_per_request - 1) * spread * spread / (alpha * (1 - alpha))
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,9 @@ class Canary:
         async def send_round() -> None:
             await self._round(session, model)
 
-        verdict = await sprt_probe(sprt, lambda: self._get(session, "/metrics"), send_round, "canary")
+        verdict = await sprt_probe(
+            sprt, lambda: self._get(session, "/metrics"), send_round, "canary", self.params.max_tokens
+        )
         return CanaryResult(verdict.decision is Decision.RECOVERED, verdict.detail, verdict.alpha)
 
     def _headers(self) -> dict[str, str]:

@@ -122,7 +122,7 @@ class Server:
                                 text = (await answer.text())[:200]
                                 raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
 
-                return await sprt_probe(sprt, metrics, send_round, "acceptance")
+                return await sprt_probe(sprt, metrics, send_round, "acceptance", max_tokens)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NotReady(f"acceptance check: {type(exc).__name__}: {exc}"[:300]) from None
 

@@ -161,6 +161,10 @@ async def test_a_sequential_canary_that_cannot_decide_keeps_the_fallback() -> No
         ({}, "give the canary one test"),
         ({"sprt": {**SPRT, "shift_to": 0.9}}, "shift_to (0.9) must lie below in_control (0.85)"),
         ({"sprt": {**SPRT, "false_recovery": 0.6}}, "less than 0.5"),
+        (
+            {"sprt": {**SPRT, "spread": 0.4}},
+            "spread 0.4 is not a standard deviation of acceptances around 0.85",
+        ),
     ],
 )
 def test_a_canary_needs_exactly_one_sound_test(fields: dict[str, object], message: str) -> None:

@@ -23,6 +23,7 @@ from common.sequential import (
     cusum_step,
     llr,
     llr_arl0,
+    round_dispersion,
     siegmund_arl,
     threshold,
     vllm_rate,
@@ -255,3 +256,24 @@ def test_windows_that_share_requests_get_the_long_run_dispersion_of_their_sums()
     before = d.cross["1"][0]
     d.add(700.0, 800.0, follows=False)
     assert d.cross["1"][0] == before
+
+
+def test_a_round_of_requests_that_differ_varies_as_round_dispersion_says() -> None:
+    # Rounds of 4 requests of 64 trials, each request's α a Beta of mean 0.75 and spread 0.1.
+    from sim.model import beta_parameters
+
+    rng = np.random.default_rng(21)
+    a, b = beta_parameters(0.75, 0.1)
+    d = Dispersion()
+    for _ in range(4000):
+        d.add(float(rng.binomial(64, rng.beta(a, b, 4)).sum()), 4 * 64.0)
+    expected = round_dispersion(64, 0.1, 0.75)
+    assert expected == pytest.approx(1 + 63 * 0.01 / 0.1875)
+    assert d.window_phi == pytest.approx(expected, rel=0.1)
+    assert round_dispersion(64, 0.0, 0.75) == 1.0  # requests alike: binomial
+    assert round_dispersion(1, 0.1, 0.75) == 1.0  # one trial each: nothing shared
+
+
+def test_a_spread_no_beta_distribution_has_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"around 0.99: .* below sqrt\(alpha \(1 - alpha\)\) = 0.099"):
+        round_dispersion(64, 0.15, 0.99)
