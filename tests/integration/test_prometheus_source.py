@@ -13,9 +13,13 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
+from daemon.engine import Verdict
+from daemon.evaluation import evaluate_rule
+from daemon.loading import LoadedRule
 from daemon.sources.base import SourceResult
 from daemon.sources.prometheus import PrometheusSource
 from rules.matchers import Matcher
+from rules.schema import Rule
 from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
 from tests.replay import (
     ACCEPTED,
@@ -24,6 +28,7 @@ from tests.replay import (
     DRAFT_TOKENS,
     DRAFTS,
     MODEL,
+    SAMPLE,
     ReplayedVllm,
     histogram_quantile,
 )
@@ -115,6 +120,58 @@ async def test_label_matchers_select_series_in_promql_as_in_the_scrape_source(
         p: pytest.approx(ACCEPTED_BY_POSITION[p] / DRAFTS, rel=1e-9) for p in ("3", "4")
     }
     assert [s.value for s in one_engine.series] == [pytest.approx(1 + ACCEPTED / DRAFTS, rel=1e-9)]
+
+
+def short_drafts(replay: ReplayedVllm, carried: int) -> Callable[[], str]:
+    """The replay as an ngram proposer's server: its drafts carry ``carried`` tokens a scrape
+    instead of DRAFTS x k (a prompt without a long enough match gets a shorter draft)."""
+
+    def body() -> str:
+        lines = []
+        for line in replay().splitlines():
+            sample = SAMPLE.match(line)
+            if sample is not None and sample[1] == "vllm:spec_decode_num_draft_tokens_total":
+                value = float(sample[3]) - replay.progress * (DRAFT_TOKENS - carried)
+                line = f"{line[: sample.start(3)]}{value!r}"
+            lines.append(line)
+        return "\n".join(lines) + "\n"
+
+    return body
+
+
+@pytest.mark.real
+async def test_drafts_shorter_than_k_are_an_error_naming_the_bias_through_prometheus_too(
+    metrics_server: MetricsServer, source: PrometheusSource
+) -> None:
+    # 10 drafts of k = 5 a scrape carrying 35 tokens, not 50: per draft, the missing tokens would
+    # read as rejections and token_acceptance as lower than it is.
+    metrics_server.body = short_drafts(ReplayedVllm(), carried=35)
+    token_acceptance = get_signal("token_acceptance")
+    deadline = time.monotonic() + DATA_TIMEOUT
+    while not (answer := await source.query_signal(token_acceptance, WINDOW, DEFAULT_GROUP_BY)).invalid:
+        assert answer.error is None and answer.series == (), answer
+        if time.monotonic() > deadline:
+            pytest.fail(f"no data from Prometheus after {DATA_TIMEOUT}s")
+        await asyncio.sleep(0.5)
+    server = {"instance": metrics_server.target, "model_name": MODEL}
+    assert answer.series == () and [i.labels for i in answer.invalid] == [server]
+    assert answer.invalid[0].reason.startswith(
+        "token_acceptance is biased here: drafts carry 30% fewer tokens than k (an ngram or suffix "
+    )
+    assert answer.invalid[0].reason.endswith("use acceptance_rate for this server")
+    rate = await source.query_signal(get_signal("acceptance_rate"), WINDOW, DEFAULT_GROUP_BY)
+    assert [s.value for s in rate.series] == [pytest.approx(ACCEPTED / 35, rel=1e-9)]  # what it advises
+
+    # The collapse detector on the same answer: the series is an error saying so, never judged.
+    rule = Rule.model_validate(
+        {"name": "collapse", "signal": "token_acceptance", "interval": "10s",
+         "detect": {"in_control": 0.75, "drop": 0.2, "phi": 2}}
+    )  # fmt: skip
+    outcome, _ = await evaluate_rule(LoadedRule(rule, "rules.yaml", 1), source, None, {}, time.time(), 10.0)
+    (key,) = outcome.states
+    assert outcome.verdicts[key] is Verdict.ERROR
+    assert (outcome.states[key].error or "").startswith("token_acceptance is biased here: drafts carry 30%")
+    assert outcome.states[key].detector is None  # nothing counted towards G
 
 
 @pytest.mark.real
