@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
+from common.sequential import Dispersion, llr, threshold
+from daemon.detection import DetectorState, calibration_of
+from daemon.engine import SeriesState, State, Verdict, series_key
+from daemon.store import Store
+from rules.schema import Rule
 from rules.signals import CATALOG
 from tests.processes import specguard
 
@@ -109,3 +117,88 @@ async def test_run_refuses_to_listen_beyond_loopback_without_a_webhook_token(tmp
     assert "server.listen: listening on 0.0.0.0 would take Alertmanager webhooks from anyone" in err
     assert "specguard: not starting: the configuration has errors" in err
     assert not (tmp_path / "state").exists()  # refused before anything was created
+
+
+DETECTOR_RULES = """\
+rules:
+  - name: collapse
+    signal: token_acceptance
+    interval: 5s
+    detect: {in_control: learn, drop: 0.2, false_alarm_every: 30d, warmup: 1m, min_trials: 10}
+"""
+
+
+def fingerprint(directory: Path) -> tuple[str, int]:
+    """The database's bytes, and what its write-ahead log holds: a reader of a WAL database may
+    create the (empty) log and its index; a writer would put pages in the log."""
+    wal = directory / "specguard.db-wal"
+    return (
+        hashlib.sha256((directory / "specguard.db").read_bytes()).hexdigest(),
+        wal.stat().st_size if wal.exists() else 0,
+    )
+
+
+async def test_eval_steps_a_stored_detector_on_by_one_window_without_writing_its_database(
+    vllm: str, tmp_path: Path
+) -> None:
+    (tmp_path / "rules.yaml").write_text(DETECTOR_RULES)
+    config = tmp_path / "specguard.yaml"
+    config.write_text("state_dir: state\nrules: [rules.yaml]\n")
+    args = ("eval", "--once", "--config", str(config), "--scrape", vllm, "--sample-gap", "0.5")
+    h = threshold(30 * 86400 / 5)
+
+    # No daemon has run: the series starts its warm-up, and eval leaves no database behind.
+    code, out, err = await specguard(*args)
+    assert code == 0, err
+    assert out.splitlines()[-1] == (
+        f"collapse: CUSUM G 0 of h {h:.4g}; phi -; acceptance - -> -; last window 0.7692 over 39 "
+        "trials; warming up (1/12 windows)"
+    )  # one scrape of the replay: 30 accepted, 10 drafts, 1 accepted whole: 30 / (30 + 9)
+    assert not (tmp_path / "state").exists()
+
+    # A daemon (stopped since) left its detector calibrated: phi 2.5, alpha0 0.85, G 3.
+    detect = Rule.model_validate(
+        {"name": "collapse", "signal": "token_acceptance", "interval": "5s", "detect": {
+            "in_control": "learn", "drop": 0.2, "warmup": "1m", "min_trials": 10}}
+    ).detect  # fmt: skip
+    assert detect is not None
+    labels = {"instance": urlsplit(vllm).netloc, "model_name": "tiny-llama"}
+    stored = DetectorState(
+        g=3.0, gs=[3.0], alpha0=0.85, phi=2.5, warmup=Dispersion(windows=12, successes=1000.0, trials=1200.0),
+        alpha=0.8, trials=400.0, windows=40, seen=time.time() - 60, calibration=calibration_of(detect, 5.0),
+    )  # fmt: skip
+    state = SeriesState(
+        labels, State.INACTIVE, verdict=Verdict.OK, value=3.0, threshold=h, detector=stored.to_json()
+    )
+    store = Store(tmp_path / "state" / "specguard.db")
+    await store.open()
+    await store.commit_evaluation("collapse", {series_key(labels): state}, [], None)
+    await store.close()
+    before = fingerprint(tmp_path / "state")
+
+    code, out, err = await specguard(*args)
+    assert code == 0, err
+    g = 3.0 + llr(30, 9, 0.85, 0.65) / 2.5  # the stored G and one window's evidence over the stored phi
+    assert out.splitlines()[-1] == (
+        f"collapse: CUSUM G {g:.4g} of h {h:.4g}; phi 2.5; acceptance 0.85 -> 0.65; last window "
+        "0.7692 over 39 trials"
+    )
+    code, out, err = await specguard(*args, "--format", "json")
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["detector"] == {
+        "method": "cusum", "g": pytest.approx(g), "g_by_level": [pytest.approx(g)], "h": pytest.approx(h),
+        "phi": 2.5, "in_control": 0.85, "shift_to": [pytest.approx(0.65)],
+        "window_alpha": pytest.approx(30 / 39), "window_trials": 39.0, "warmup": "12/12 windows",
+        "warming_up": False,
+    }  # fmt: skip
+    assert fingerprint(tmp_path / "state") == before  # read, never written
+
+    # The config now has 10 s windows: the stored phi is of 5 s ones, and eval says it would not
+    # judge with it.
+    (tmp_path / "rules.yaml").write_text(DETECTOR_RULES.replace("interval: 5s", "interval: 10s"))
+    code, out, err = await specguard(*args)
+    assert code == 0, err
+    assert out.splitlines()[-1].endswith("warming up (1/6 windows)")
+    assert "warms up again: the interval changed from 5s to 10s" in err
+    assert fingerprint(tmp_path / "state") == before
