@@ -277,3 +277,25 @@ def test_a_round_of_requests_that_differ_varies_as_round_dispersion_says() -> No
 def test_a_spread_no_beta_distribution_has_is_refused() -> None:
     with pytest.raises(ValueError, match=r"around 0.99: .* below sqrt\(alpha \(1 - alpha\)\) = 0.099"):
         round_dispersion(64, 0.15, 0.99)
+
+
+def test_with_requests_that_differ_the_pooled_alpha_hat_rises_a_little_with_k() -> None:
+    # The same at every k holds for drafts alike. With each request's α a Beta of mean 0.75 and
+    # spread 0.1, a request that accepts more makes more trials per draft, and the more so at a
+    # larger k: pooled, α̂ reads 0.750, 0.761, 0.768 and 0.776 at k = 1, 3, 5 and 8.
+    from sim.model import beta_parameters
+
+    rng = np.random.default_rng(13)
+    a, b = beta_parameters(0.75, 0.1)
+    alphas = rng.beta(a, b, 100_000)[:, None]
+    pooled = {}
+    for k in (1, 3, 5, 8):
+        accepted = np.minimum(rng.geometric(1 - alphas, (100_000, 20)) - 1, k)
+        s, f = chain_trials(float(accepted.sum()), float(accepted.size), float((accepted == k).sum()))
+        pooled[k] = alpha_hat(s, f)
+    assert pooled == {
+        1: pytest.approx(0.750, abs=0.002),
+        3: pytest.approx(0.761, abs=0.002),
+        5: pytest.approx(0.768, abs=0.002),
+        8: pytest.approx(0.776, abs=0.002),
+    }
