@@ -1,4 +1,5 @@
-"""The ``specguard`` command line."""
+"""The ``specguard`` command line: the parser, and the commands small enough to live here (the
+larger ones have a module each beside it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon import __version__, cli_backup, cli_ladder, cli_report
+from daemon import __version__
+from daemon.cli import backup as cli_backup
+from daemon.cli import ladder as cli_ladder
+from daemon.cli import report as cli_report
 
 DESCRIPTION = """\
 specguard watches speculative decoding on vLLM: it evaluates YAML rules over vLLM's metrics
