@@ -210,6 +210,7 @@ class Variant:
     name: str = "shipped"
     interval: float | None = None
     drop: tuple[float, ...] | None = None
+    phi: float | None = None  # a fixed dispersion instead of the warm-up's
 
 
 SHIPPED = Variant()
@@ -223,7 +224,9 @@ def rules(variant: Variant = SHIPPED) -> tuple[LoadedRule, LoadedRule]:
     assert detect is not None
     if variant.drop is not None:
         detect = detect.model_copy(update={"drop": list(variant.drop)})
-    if variant.interval is not None or variant.drop is not None:
+    if variant.phi is not None:
+        detect = detect.model_copy(update={"phi": variant.phi})
+    if variant != SHIPPED:
         changed = rule.model_copy(update={"interval": variant.interval or rule.interval, "detect": detect})
         detector = replace(detector, rule=changed)
     return detector, playbook
@@ -277,8 +280,10 @@ def warmup_windows(item: LoadedRule) -> int:
     return math.ceil(detect.warmup / window_of(item))
 
 
-async def false_alarms(k: int, load: str, days: int, seed: int, heavy: bool = False) -> dict[str, Any]:
-    detector_rule, playbook_rule = rules()
+async def false_alarms(
+    k: int, load: str, days: int, seed: int, heavy: bool = False, variant: Variant = SHIPPED
+) -> dict[str, Any]:
+    detector_rule, playbook_rule = rules(variant)
     traffic = Traffic(np.random.default_rng(seed), k, LOADS[load], heavy=heavy)
     detector, playbook = Judge(detector_rule), Judge(playbook_rule)
     warm = warmup_windows(detector_rule)
@@ -367,6 +372,55 @@ async def drops(
     out["phi"] = statistics.median(r[2] for r in results)
     out["first_window_highest"] = max(r[5] for r in results)
     return out
+
+
+def dispersion_by_scale(k: int, load: str, heavy: bool, days: int, seed: int) -> dict[str, Any]:
+    """What phi should be, against what a warm-up learns: Pearson's dispersion of sums over 2, 5
+    and 10 minutes of in-control traffic (``days`` of it), and the phi of one-hour warm-ups every
+    two hours of the same traffic."""
+    from common.sequential import Dispersion
+
+    traffic = Traffic(np.random.default_rng(seed), k, LOADS[load], heavy=heavy)
+    n = int(days * DAY / WINDOW)
+    parts = [traffic.windows(np.full(min(4000, n - b), IN_CONTROL)) for b in range(0, n, 4000)]
+    s = np.concatenate([c["accepted"] for c in parts])
+    trials = s + np.concatenate([c["failures"] for c in parts])
+
+    def blocks(size: int, start: int = 0, end: int | None = None) -> Dispersion:
+        window_s, window_n = s[start:end], trials[start:end]
+        m = len(window_s) // size
+        d = Dispersion()
+        for a, b in zip(
+            window_s[: m * size].reshape(m, size).sum(1),
+            window_n[: m * size].reshape(m, size).sum(1),
+            strict=True,
+        ):
+            d.add(float(a), float(b), follows=size == 1)
+        return d
+
+    hour = int(3600 / WINDOW)
+    learned = [blocks(1, h, h + hour).phi for h in range(0, n - hour, 2 * hour)]
+    return {
+        "k": k, "load": load, "heavy": heavy, "days": days,
+        "by_minutes": {m: blocks(int(m * 60 / WINDOW)).window_phi for m in (2, 5, 10)},
+        "warmups": len(learned),
+        "learned": [float(np.percentile([x for x in learned if x], q)) for q in (10, 50, 90)],
+    }  # fmt: skip
+
+
+def dispersion_report(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| load | request lengths | k | days | 2 min | 5 min | 10 min | warm-ups | learned phi, median [10-90 %] |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        low, mid, high = r["learned"]
+        by = r["by_minutes"]
+        lines.append(
+            f"| {r['load']} | {'lognormal' if r['heavy'] else 'geometric'} | {r['k']} | {r['days']} "
+            f"| {by[2]:.0f} | {by[5]:.0f} | {by[10]:.0f} | {r['warmups']} | {mid:.0f} [{low:.0f}-{high:.0f}] |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _s(value: float | None) -> str:
@@ -507,6 +561,14 @@ def report(
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.dispersion:
+        rows = [
+            dispersion_by_scale(5, load, heavy, 8, seed=17)
+            for heavy in (False, True)
+            for load in ("16 requests", "4 requests")
+        ]
+        print(dispersion_report(rows))
+        return
     started = time.monotonic()
     fa = []
     scenarios = [(load, k, False) for load in LOADS for k in (3, 5)]
@@ -540,4 +602,9 @@ if __name__ == "__main__":
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--write", metavar="FILE")
+    parser.add_argument(
+        "--dispersion",
+        action="store_true",
+        help="only the dispersion of in-control traffic by time scale against what warm-ups learn",
+    )
     asyncio.run(main(parser.parse_args()))
