@@ -15,7 +15,7 @@ simulator's model instead of waiting for them:
   (``request_factors``: ``sim.model.request_factor``'s law, a Beta of mean 0.75 and spread 0.1,
   ``--acceptance-spread 0.1``); a draft of k tokens is accepted position by position until the first
   rejection (``accepted_tokens``: ``sim.model.sample_accepted``'s law). Both are drawn many at a
-  time with numpy; ``tests/unit/test_collapse_bench_traffic.py`` checks them against ``sim.model``.
+  time with numpy; ``tests/unit/daemon/test_collapse_bench_traffic.py`` checks them against ``sim.model``.
 
 Scenarios, at k = 3 and 5: 30 days of stationary traffic at 0.75 (false alarms), with geometric and
 with lognormal request lengths, and 50 runs each of a drop from 0.75 to 0.45 and to 0.62 at a random

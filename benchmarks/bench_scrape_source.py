@@ -4,7 +4,7 @@ Baseline: prometheus_client parsing a real vLLM 0.32.0 page (every family), the 
 of reading vLLM directly. Measured against it, in the same process and run:
 
 - ``parse_exposition``: specguard's parse, which reads only the lines of the families the catalog
-  names and yields the same samples as the full parse would (tests/unit/test_exposition.py);
+  names and yields the same samples as the full parse would (tests/unit/sources/test_exposition.py);
 - one scrape from the page's bytes to the snapshot stored in the target's ring (decode, parse,
   store): what each scrape costs, to be 1 ms or less and 8x or more faster than the baseline;
 - a round of the shipped pack: the five rules' queries over a ring holding 10 minutes of samples

@@ -6,7 +6,7 @@ keeps a ring of snapshots per target, so only the catalog's samples are kept, an
 parsed: prometheus_client's parser builds every family of the page (about 8 ms of pure Python per
 vLLM page), this one reads the few dozen lines the catalog names and checks the others only for
 the shape of an exposition line. The snapshots are the same as prometheus_client's
-(tests/unit/test_exposition.py holds the two together on real pages and on generated ones).
+(tests/unit/sources/test_exposition.py holds the two together on real pages and on generated ones).
 
 Snapshots are keyed by the *sample* name as exposed (``vllm:spec_decode_num_drafts_total``,
 ``vllm:e2e_request_latency_seconds_bucket``), which is what the catalog spells. As in

@@ -177,7 +177,7 @@ async def test_with_the_prometheus_source_history_comes_from_its_own_scrape_of_t
     """Prometheus answers the rules; the servers under `history.scrape` are scraped for history."""
     from aiohttp import web
 
-    page = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-cpu-metrics-self-draft.prom").read_text()
+    page = (Path(__file__).parents[2] / "fixtures" / "vllm-0.32.0-cpu-metrics-self-draft.prom").read_text()
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/plain")

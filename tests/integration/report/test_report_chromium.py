@@ -31,8 +31,8 @@ from tests.week import Conditions, Server, Timeline
 
 pytestmark = pytest.mark.real
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "report-week.json"
-ARTIFACTS = Path(os.environ.get("SPECGUARD_ARTIFACTS") or Path(__file__).parents[1] / "artifacts")
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "report-week.json"
+ARTIFACTS = Path(os.environ.get("SPECGUARD_ARTIFACTS") or Path(__file__).parents[2] / "artifacts")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 # Run in the page once everything has loaded: records in the DOM whether each image decoded, for

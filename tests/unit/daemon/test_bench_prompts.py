@@ -171,7 +171,7 @@ def test_multilingual_covers_at_least_eight_languages_with_real_scripts() -> Non
 
 
 def test_builtin_files_are_one_object_per_line_with_only_a_prompt() -> None:
-    folder = Path(__file__).resolve().parents[2] / "playbook" / "bench" / "prompts"
+    folder = Path(__file__).resolve().parents[3] / "playbook" / "bench" / "prompts"
     for klass in CLASSES:
         lines = (folder / f"{klass}.jsonl").read_text(encoding="utf-8").splitlines()
         assert len(lines) == EXPECTED_COUNTS[klass]

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.exposition import catalog_sample_names, parse_exposition
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SELF_DRAFT = (FIXTURES / "vllm-0.32.0-cpu-metrics-self-draft.prom").read_text()
 REJECTING = (FIXTURES / "vllm-0.32.0-cpu-metrics-rejecting-draft.prom").read_text()
 

@@ -273,7 +273,7 @@ async def test_a_state_dir_on_the_command_line_is_relative_to_where_the_command_
         cwd=elsewhere,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
     )
     try:
         deadline = time.monotonic() + 30

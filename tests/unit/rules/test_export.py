@@ -1,7 +1,7 @@
 """`specguard export`: Prometheus alerting rules and the Alertmanager receiver, as text.
 
 The promtool and amtool checks, and the proof that the exported rules fire when specguard's do, are
-in tests/integration/test_promtool_rules.py.
+in tests/integration/alerts/test_promtool_rules.py.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from actions.vllm_restart.speculative import render_env
 from tests.installed import Installed
 from tests.real import missing, require_binary
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SYSTEMD = REPO / "systemd"
 UNITS = sorted(SYSTEMD.rglob("*.service"))
 VLLM_UNIT = SYSTEMD / "vllm.service"

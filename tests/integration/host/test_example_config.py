@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.processes import specguard
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "deploy" / "specguard.example.yaml"
 # The keys whose commented blocks are turned on: the actions, the webhook token and the report's
 # Slack thread. The other commented keys are alternatives to what is set (the Prometheus source

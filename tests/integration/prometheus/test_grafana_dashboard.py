@@ -34,7 +34,7 @@ from tests.processes import Daemon
 from tests.prometheus_server import PrometheusServer, running_prometheus
 from tests.real import require_binary
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "specguard.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "specguard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana's own variables (https://grafana.com/docs/grafana/latest/dashboards/variables/add-template-variables/#global-variables)
 BUILTIN = {"__rate_interval", "__interval", "__range", "__range_s", "__interval_ms"}

@@ -17,7 +17,7 @@ from report import charts, render
 from report.model import HEADLINE
 from tests.real import missing
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "report-week.json"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "report-week.json"
 PNG = b"\x89PNG\r\n\x1a\n"
 STEM = "report-2026-11-30-2026-12-07"
 HOSTILE = "<script>alert(1)</script>"

@@ -156,7 +156,7 @@ async def test_rates_gauges_ratios_and_quantiles_are_prometheus_arithmetic_on_th
         for window in WINDOWS:
             for name, signal in CATALOG.items():
                 if signal.kind is Kind.SPEEDUP:
-                    continue  # derived from two of these; tests/unit/test_evaluation.py
+                    continue  # derived from two of these; tests/unit/rules/test_evaluation.py
                 answer: SourceResult = await source.query_signal(signal, window, DEFAULT_GROUP_BY)
                 assert answer.error is None and answer.invalid == (), (name, answer)
                 got = {tuple(sorted(s.labels.items())): s.value for s in answer.series}

@@ -12,7 +12,7 @@ from actions.acceptance import SprtParams, sprt_probe, totals
 from common.sequential import Decision, Sprt
 from sim.model import beta_parameters
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def test_the_counters_of_a_real_page_with_the_last_position_as_the_drafts_accepted_whole() -> None:
