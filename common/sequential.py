@@ -87,6 +87,25 @@ def llr(successes: float, failures: float, alpha0: float, alpha1: float) -> floa
     return successes * math.log(a1 / a0) + failures * math.log((1 - a1) / (1 - a0))
 
 
+def kl(a: float, b: float) -> float:
+    """The Kullback-Leibler divergence KL(a || b) of two Bernoulli laws, in nats."""
+    a, b = inside(a), inside(b)
+    return a * math.log(a / b) + (1 - a) * math.log((1 - a) / (1 - b))
+
+
+def window_evidence(successes: float, trials: float, alpha0: float, phi: float) -> float:
+    """What one window says by itself against α₀ when its α̂ is below it: the generalised likelihood
+    ratio, (N / φ) KL(α̂ || α₀) in nats (0 when α̂ is not below α₀). For N / φ independent trials at
+    α₀ it reaches e with probability at most exp(−e) (Chernoff), so a threshold of ln(T) is crossed
+    by an in-control window at most once in T on average, whatever the windows' correlation."""
+    if trials <= 0:
+        return 0.0
+    alpha = successes / trials
+    if alpha >= alpha0:
+        return 0.0
+    return trials / max(1.0, phi) * kl(alpha, alpha0)
+
+
 def threshold(windows: float) -> float:
     """h = ln(T): by Lorden's bound, at most one false alarm per T windows on average."""
     if windows <= 1:

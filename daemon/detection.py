@@ -7,11 +7,17 @@ and its trials N = S + F. Per series:
 - during the warm-up (``warmup`` of windows with data) the windows are taken as in control and
   estimate φ (Pearson's χ²/df) and, with ``in_control: learn``, α0; the series is *warming up*;
 - after it, Z = [S ln(α1/α0) + F ln((1−α1)/(1−α0))] / φ and G = max(0, G + Z), held at 2h; with
-  several levels α1, one G each, and the rule's value is the largest.
+  several levels α1, one G each, and the rule's value is the largest;
+- and each window alone (``single_window``): when its α̂ is at or below the mildest level and its
+  own evidence, (N / φ_w) KL(α̂ || α0) with φ_w the windows' dispersion without their correlation,
+  reaches h, every G is set to 2h, as if the CUSUM had alarmed. A sudden collapse on a busy server
+  shows in one window, where the CUSUM, dividing by the long-run φ (tens of times φ_w), needs
+  several; an in-control window crosses it at most once in T on average (Chernoff's bound), so it
+  is one more test under the union bound below.
 
 The engine then sees the value G against the threshold h = ln(false_alarm_every / interval) with
-the condition ``G >= h`` (h + ln(n) with n levels: a union bound keeps the false-alarm target for
-all of them together): pending, firing, ``for`` and the no-data policy work as for any rule.
+the condition ``G >= h`` (h + ln(n) with n tests, the levels and the window test: a union bound
+keeps the false-alarm target for all of them together): pending, firing, ``for`` and the no-data policy work as for any rule.
 When the series resolves, G starts again from 0. Everything lives in the series' ``detector``
 state, which the store keeps: a restart neither forgets the calibration nor the evidence so far.
 
@@ -30,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from common.sequential import EDGE, Dispersion, cusum_step, llr, threshold
+from common.sequential import EDGE, Dispersion, cusum_step, llr, threshold, window_evidence
 from daemon.baseline import Baseline
 from daemon.engine import Outcome, SeriesState, State, Verdict, series_key
 from daemon.sources.base import Invalid, Series, SourceResult
@@ -42,7 +48,7 @@ CAP = 2.0  # G is held at CAP x h once it alarms
 
 
 def h_of(detect: Detect, interval: float) -> float:
-    return threshold(detect.false_alarm_every / interval) + math.log(detect.levels)
+    return threshold(detect.false_alarm_every / interval) + math.log(detect.tests)
 
 
 def condition_of(detect: Detect, interval: float) -> Condition:
@@ -65,6 +71,7 @@ class DetectorState:
     warmup: Dispersion = field(default_factory=Dispersion)
     alpha: float | None = None  # the last window's α̂
     trials: float | None = None  # the last window's S + F
+    evidence: float | None = None  # the last window's own evidence of a fall (the window test)
     windows: int = 0  # windows judged since the warm-up
     seen: float | None = None  # when the last window with data came (warm-up neighbours)
     # The settings the warm-up measured under (``calibration_of``); None in a state stored before
@@ -81,6 +88,7 @@ class DetectorState:
             "warmup": self.warmup.to_json(),
             "alpha": self.alpha,
             "trials": self.trials,
+            "evidence": self.evidence,
             "windows": self.windows,
             "seen": self.seen,
         }
@@ -105,6 +113,7 @@ class DetectorState:
             warmup=Dispersion.from_json(raw.get("warmup")),
             alpha=number("alpha"),
             trials=number("trials"),
+            evidence=number("evidence"),
             windows=int(number("windows") or 0),
             seen=number("seen"),
         )
@@ -232,7 +241,15 @@ def judge(
             cusum_step(g, llr(successes, trials - successes, alpha0, alpha1) / phi, CAP * h)
             for g, alpha1 in zip(before, levels, strict=True)
         ]
-        state = replace(state, gs=gs, g=max(gs), windows=state.windows + 1)
+        evidence = None
+        if detect.single_window:
+            # The window's own dispersion, not the long-run one: the window is judged alone. A φ
+            # given in the rule is the long-run one, larger: the test only gets stricter.
+            own = detect.phi if detect.phi is not None else state.warmup.window_phi
+            evidence = window_evidence(successes, trials, alpha0, own or 1.0)
+            if evidence >= h and series.value <= max(levels):
+                gs = [CAP * h for _ in gs]  # as a CUSUM that alarmed: held, and resolved the same way
+        state = replace(state, gs=gs, g=max(gs), evidence=evidence, windows=state.windows + 1)
         detectors[key] = state.to_json()
         judged.append(Series(dict(series.labels), state.g, trials))
     result = SourceResult(
@@ -321,6 +338,10 @@ def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any]
         "shift_to": levels,
         "window_alpha": d.alpha,
         "window_trials": d.trials,
+        "window_evidence": d.evidence,
+        "window_phi": (detect.phi if detect.phi is not None else d.warmup.window_phi)
+        if detect.single_window
+        else None,
         "warmup": (
             "none: phi and in_control are given"
             if detect.phi is not None and detect.in_control != "learn"

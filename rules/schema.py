@@ -122,7 +122,9 @@ class Detect(BaseModel):
 
     Several levels (``drop: [0.12, 0.3]``) run one CUSUM each, and the rule fires when any of them
     reaches h + ln(n): a small drop is caught by the first, a collapse sooner by the second, and
-    the false-alarm bound holds for all of them together."""
+    the false-alarm bound holds for all of them together. With ``single_window`` (the default) a
+    window whose own acceptance is at or below the mildest level fires too when its evidence by
+    itself, with the window's own dispersion, reaches that threshold; it is one more of the n."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -138,6 +140,10 @@ class Detect(BaseModel):
     warmup: Duration = Field(3600.0, gt=0)
     min_trials: int = Field(100, ge=1)  # a window with fewer trials (S + F) is no data
     phi: float | None = Field(None, ge=1)  # fixed overdispersion instead of the warm-up's estimate
+    # Beside the CUSUM, a test of each window by itself (its own dispersion, not the long-run one):
+    # a sudden collapse shows in one window of a busy server, where the CUSUM, weighing every
+    # window with the long-run φ, takes several.
+    single_window: bool = True
 
     @model_validator(mode="after")
     def _shift(self) -> Detect:
@@ -164,6 +170,11 @@ class Detect(BaseModel):
     @property
     def levels(self) -> int:
         return len(_levels(self.shift_to) or _levels(self.drop))
+
+    @property
+    def tests(self) -> int:
+        """How many tests share the false-alarm target: a CUSUM per level, and the window test."""
+        return self.levels + (1 if self.single_window else 0)
 
     def shifted(self, alpha0: float) -> tuple[float, ...]:
         """The acceptances to detect when the in-control one is ``alpha0``."""

@@ -524,12 +524,16 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _detector_line(d: Mapping[str, Any]) -> str:
-    """``CUSUM G 3.1 of h 13.85; phi 20; acceptance 0.75 -> 0.63 / 0.45; last window 0.74 over 1,930 trials``."""
+    """``CUSUM G 3.1 of h 14.26; phi 20; acceptance 0.75 -> 0.63 / 0.45; last window 0.74 over 1,930
+    trials, its own evidence 0 (phi 3.1)``."""
     parts = [f"CUSUM G {_number(d['g'])} of h {_number(d['h'])}", f"phi {_number(d['phi'])}"]
     levels = " / ".join(_number(level) for level in d["shift_to"]) or "-"
     parts.append(f"acceptance {_number(d['in_control'])} -> {levels}")
     if d.get("window_alpha") is not None:
-        parts.append(f"last window {_number(d['window_alpha'])} over {d['window_trials']:,.0f} trials")
+        window = f"last window {_number(d['window_alpha'])} over {d['window_trials']:,.0f} trials"
+        if d.get("window_evidence") is not None:
+            window += f", its own evidence {_number(d['window_evidence'])} (phi {_number(d['window_phi'])})"
+        parts.append(window)
     if d.get("warming_up"):
         parts.append(f"warming up ({d['warmup']})")
     return "; ".join(parts)

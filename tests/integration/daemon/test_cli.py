@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from common.sequential import Dispersion, llr, threshold
+from common.sequential import Dispersion, kl, llr, threshold
 from daemon.detection import DetectorState, calibration_of
 from daemon.engine import SeriesState, State, Verdict, series_key
 from daemon.store import Store
@@ -145,7 +146,7 @@ async def test_eval_steps_a_stored_detector_on_by_one_window_without_writing_its
     config = tmp_path / "specguard.yaml"
     config.write_text("state_dir: state\nrules: [rules.yaml]\n")
     args = ("eval", "--once", "--config", str(config), "--scrape", vllm, "--sample-gap", "0.5")
-    h = threshold(30 * 86400 / 5)
+    h = threshold(30 * 86400 / 5) + math.log(2)  # one level and the window test
 
     # No daemon has run: the series starts its warm-up, and eval leaves no database behind.
     code, out, err = await specguard(*args)
@@ -179,9 +180,11 @@ async def test_eval_steps_a_stored_detector_on_by_one_window_without_writing_its
     code, out, err = await specguard(*args)
     assert code == 0, err
     g = 3.0 + llr(30, 9, 0.85, 0.65) / 2.5  # the stored G and one window's evidence over the stored phi
+    # ... and the window by itself, with the windows' own dispersion (1: the stored sums show none)
+    evidence = 39 * kl(30 / 39, 0.85)
     assert out.splitlines()[-1] == (
         f"collapse: CUSUM G {g:.4g} of h {h:.4g}; phi 2.5; acceptance 0.85 -> 0.65; last window "
-        "0.7692 over 39 trials"
+        f"0.7692 over 39 trials, its own evidence {evidence:.4g} (phi 1)"
     )
     code, out, err = await specguard(*args, "--format", "json")
     assert code == 0, err
@@ -190,7 +193,7 @@ async def test_eval_steps_a_stored_detector_on_by_one_window_without_writing_its
         "method": "cusum", "g": pytest.approx(g), "g_by_level": [pytest.approx(g)], "h": pytest.approx(h),
         "phi": 2.5, "in_control": 0.85, "shift_to": [pytest.approx(0.65)],
         "window_alpha": pytest.approx(30 / 39), "window_trials": 39.0, "warmup": "12/12 windows",
-        "warming_up": False,
+        "warming_up": False, "window_evidence": pytest.approx(evidence), "window_phi": 1.0,
     }  # fmt: skip
     assert fingerprint(tmp_path / "state") == before  # read, never written
 

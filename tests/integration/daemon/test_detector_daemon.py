@@ -8,6 +8,7 @@ reads the running daemon's detector without writing to its database.
 from __future__ import annotations
 
 import json
+import math
 import random
 import signal
 import sqlite3
@@ -31,7 +32,7 @@ rules:
     interval: {interval}
     detect: {{in_control: learn, drop: 0.15, false_alarm_every: 100000d, warmup: 10s, min_trials: 40}}
 """
-H = threshold(100000 * 86400 / 2)  # one level, 2 s windows
+H = threshold(100000 * 86400 / 2) + math.log(2)  # one level and the window test, 2 s windows
 
 
 class Drafting:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from common.sequential import threshold
+from common.sequential import Dispersion, kl, threshold
 from daemon.baseline import parse_baseline
 from daemon.engine import SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule
@@ -66,6 +66,7 @@ def detector_rule(interval: str = "10s", **detect: Any) -> LoadedRule:
     detect.setdefault("shift_to", 0.45)
     detect.setdefault("false_alarm_every", "30d")
     detect.setdefault("warmup", "100s")  # ten windows
+    detect.setdefault("single_window", False)  # the CUSUM alone; the window test has tests of its own
     fields = {"name": "collapse", "signal": "token_acceptance", "interval": interval, "detect": detect}
     return LoadedRule(Rule.model_validate(fields), "rules.yaml", 1)
 
@@ -397,3 +398,70 @@ async def test_with_phi_and_in_control_given_a_new_interval_changes_nothing_lear
         state = await run.window(0.65, trials=200, exact=True)
     assert run.verdict is Verdict.OK and caplog.text == ""
     assert state.detector is not None and state.detector["g"] > g
+
+
+# --- the window test (single_window) --------------------------------------------------------------
+
+
+async def test_a_collapse_in_one_window_fires_there_where_the_cusum_alone_needs_more() -> None:
+    """Warm-up windows that drift slowly (a few long requests): their long-run dispersion, which
+    the CUSUM divides by, is several times the windows' own. A window at 0.45 with just enough
+    trials for its own evidence to pass h fires at once; the CUSUM alone takes more windows."""
+    fired: dict[bool, int] = {}
+    for single in (True, False):
+        run = Run(detector_rule(shift_to=0.45, single_window=single))
+        for alpha in [0.73] * 5 + [0.77] * 5:  # the warm-up: ten 10 s windows
+            state = await run.window(alpha, trials=1000, exact=True)
+        assert state.detector is not None
+        warm = Dispersion.from_json(state.detector["warmup"])
+        assert warm.window_phi is not None and warm.phi is not None
+        assert warm.phi > 1.5 * warm.window_phi  # the windows are correlated
+        h = threshold(30 * 86400 / INTERVAL) + math.log(2 if single else 1)
+        trials = math.ceil(1.01 * h * warm.window_phi / kl(0.45, 0.75))
+        windows = 0
+        while run.events == [] and windows < 20:
+            state = await run.window(0.45, trials=trials, exact=True)
+            windows += 1
+        fired[single] = windows
+        assert [kind for _, kind in run.events] == [State.PENDING, State.FIRING]
+        assert state.threshold == pytest.approx(h)
+        if single:
+            assert state.detector["evidence"] == pytest.approx(trials / warm.window_phi * kl(0.45, 0.75))
+            assert state.value == pytest.approx(2 * h)  # held as an alarmed CUSUM is
+    assert fired[True] == 1 and fired[False] >= 2
+
+
+async def test_the_window_test_fires_only_at_or_below_the_mildest_level() -> None:
+    """A dip to 0.7 over 100,000 trials is certain evidence that acceptance is below 0.75, but not
+    of a fall to 0.45: such a window is left to the CUSUM, whose evidence it does not grow."""
+    run = Run(detector_rule(phi=1.0, shift_to=0.45, single_window=True))
+    for _ in range(3):
+        state = await run.window(0.70, trials=100_000, exact=True)
+        assert state.detector is not None and state.detector["evidence"] > 10 * state.threshold
+        assert state.value == 0.0
+    assert run.events == []
+
+
+async def test_the_window_test_uses_the_windows_own_dispersion_learned_in_the_warm_up() -> None:
+    run = Run(detector_rule(in_control="learn", shift_to=None, drop=0.3, single_window=True))
+    for _ in range(10):
+        await run.window(0.75)
+    state = await run.window(0.75)
+    assert state.detector is not None
+    warm = Dispersion.from_json(state.detector["warmup"])
+    assert warm.window_phi is not None and warm.phi is not None and warm.window_phi <= warm.phi
+    trials, alpha = state.detector["trials"], state.detector["alpha"]
+    expected = (
+        trials / warm.window_phi * kl(alpha, state.detector["alpha0"])
+        if alpha < state.detector["alpha0"]
+        else 0.0
+    )
+    assert state.detector["evidence"] == pytest.approx(expected)
+
+
+async def test_without_the_window_test_h_counts_only_the_levels() -> None:
+    on = Run(detector_rule(phi=1.0, shift_to=[0.6, 0.45], single_window=True))
+    off = Run(detector_rule(phi=1.0, shift_to=[0.6, 0.45], single_window=False))
+    h = threshold(30 * 86400 / INTERVAL)
+    assert (await on.window(0.75)).threshold == pytest.approx(h + math.log(3))
+    assert (await off.window(0.75)).threshold == pytest.approx(h + math.log(2))

@@ -21,12 +21,14 @@ from common.sequential import (
     alpha_hat,
     chain_trials,
     cusum_step,
+    kl,
     llr,
     llr_arl0,
     round_dispersion,
     siegmund_arl,
     threshold,
     vllm_rate,
+    window_evidence,
 )
 
 
@@ -299,3 +301,24 @@ def test_with_requests_that_differ_the_pooled_alpha_hat_rises_a_little_with_k() 
         5: pytest.approx(0.768, abs=0.002),
         8: pytest.approx(0.776, abs=0.002),
     }
+
+
+def test_kl_of_bernoulli_laws() -> None:
+    assert kl(0.75, 0.75) == 0.0
+    assert kl(0.45, 0.75) == pytest.approx(0.45 * math.log(0.45 / 0.75) + 0.55 * math.log(0.55 / 0.25))
+    assert kl(0.5, 0.75) > kl(0.6, 0.75) > 0
+
+
+def test_a_windows_own_evidence_is_chernoffs_bound_in_nats() -> None:
+    """In-control windows of N independent trials: the share whose evidence reaches e is at most
+    exp(-e); a window at or above alpha0 has none; phi divides the trials."""
+    rng = random.Random(3)
+    n, alpha0, windows = 200, 0.75, 20_000
+    evidence = []
+    for _ in range(windows):
+        successes = sum(rng.random() < alpha0 for _ in range(n))
+        evidence.append(window_evidence(successes, n, alpha0, 1.0))
+    for e in (1.0, 2.0, 4.0):
+        assert sum(v >= e for v in evidence) / windows <= math.exp(-e)
+    assert window_evidence(160, 200, 0.75, 1.0) == 0.0
+    assert window_evidence(90, 200, 0.75, 4.0) == pytest.approx(50 * kl(0.45, 0.75))
