@@ -100,7 +100,9 @@ async def test_the_figures_match_the_servers_ground_truth_at_k_5(spec: Simulator
         e2e.append(result.e2e)
         true_e2e.append(record["finished_time"] - record["arrival_time"])
     for measured, true in ((ttft, true_ttft), (tpot, true_tpot), (e2e, true_e2e)):
-        assert statistics.median(measured) == pytest.approx(statistics.median(true), rel=0.02)
+        # 2 %, or 15 ms on a loaded machine: the client's own event loop, waiting for a core while
+        # the other tests' servers run, adds its wait to a time it measures (once 7 ms on 0.29 s)
+        assert statistics.median(measured) == pytest.approx(statistics.median(true), rel=0.02, abs=0.015)
         # a mean takes in every hiccup of a loaded machine's event loop; the median does not
         assert statistics.mean(measured) == pytest.approx(statistics.mean(true), rel=0.05)
 
