@@ -17,8 +17,8 @@ and its trials N = S + F. Per series:
 
 The engine then sees the value G against the threshold h = ln(false_alarm_every / interval) with
 the condition ``G >= h`` (h + ln(n) with n tests, the levels and the window test: a union bound
-keeps the false-alarm target for all of them together): pending, firing, ``for`` and the no-data policy work as for any rule.
-When the series resolves, G starts again from 0. Everything lives in the series' ``detector``
+keeps the false-alarm target for all of them together): pending, firing, ``for`` and the no-data
+policy work as for any rule. When the series resolves, G starts again from 0. Everything lives in the series' ``detector``
 state, which the store keeps: a restart neither forgets the calibration nor the evidence so far.
 
 A calibration holds only for the windows it was measured on: φ is the dispersion of windows of
