@@ -109,20 +109,30 @@ def stored(db: Path) -> dict[str, Any]:
 
 async def calibrated_with_evidence(daemon: Daemon, drafting: Drafting) -> dict[str, Any]:
     """Warm-up done, then traffic below the learned level until G is above 1, then none: the
-    detector's state as it stands still (windows without trials neither grow nor reset G)."""
+    detector's state as it stands still (windows without trials neither grow nor reset G).
+
+    The scrapes already taken when the traffic stops are judged after it, and one of them may
+    pull G back under 1 (once seen on a loaded machine: 0.63); the climb is then taken again
+    from there, so that the state returned always holds evidence."""
     warmed = await daemon.wait_for(lambda b: (d := detector(b)) is not None and not d["warming_up"], 60)
     assert detector(warmed)["phi"] > 1  # type: ignore[index]
     # Below the CUSUM's reference value (about alpha0 - 0.07) but above alpha0 - 0.15: G climbs
     # by a few a window at most, so that it is well short of h when the traffic stops.
     drafting.low, drafting.high = 0.62, 0.72
-    await daemon.wait_for(lambda b: (detector(b) or {}).get("g", 0) > 1, 60)
-    drafting.paused = True
-    quiet = await daemon.wait_for(
-        lambda b: any(r["rule"] == "collapse" and r["verdict"] == "no_data" for r in b["rules"]), 30
-    )
-    state = detector(quiet)
-    assert state is not None and 1 < state["g"] < H, state  # evidence, not yet an alarm
-    return state
+    states: list[dict[str, Any]] = []
+    for _ in range(5):
+        drafting.paused = False
+        await daemon.wait_for(lambda b: (detector(b) or {}).get("g", 0) > 1, 60)
+        drafting.paused = True
+        quiet = await daemon.wait_for(
+            lambda b: any(r["rule"] == "collapse" and r["verdict"] == "no_data" for r in b["rules"]), 30
+        )
+        state = detector(quiet)
+        assert state is not None and state["g"] < H, state  # not yet an alarm
+        if state["g"] > 1:  # evidence
+            return state
+        states.append(state)
+    raise AssertionError(f"G fell back under 1 each time the traffic stopped: {states}")
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
