@@ -4,8 +4,11 @@ once as ``systemctl restart`` does for a simple service, with the variables of a
 (``EnvironmentFile=``) in its environment. Like systemd/vllm.service, a command that needs them on
 its command line goes through ``/bin/sh -c``.
 
-    python -m tests.supervisor restart --state DIR [--env-file FILE] -- COMMAND...
+    python -m tests.supervisor restart --state DIR [--env-file FILE] [--cpus LIST] -- COMMAND...
     python -m tests.supervisor stop --state DIR
+
+``--cpus``: the CPUs the command may run on (systemd's ``CPUAffinity=``), whichever this script
+was given; by default the command inherits this script's.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("verb", choices=["restart", "stop"])
     parser.add_argument("--state", type=Path, required=True)
     parser.add_argument("--env-file", type=Path)
+    parser.add_argument("--cpus", type=lambda text: {int(c) for c in text.split(",")})
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     args.command = argv[cut + 1 :]
@@ -80,6 +84,8 @@ def main(argv: list[str]) -> int:
     command = args.command
     with (args.state / "commands").open("a") as seen:  # what was started, each time
         seen.write(json.dumps({"command": command, "env": env}) + "\n")
+    if args.cpus:
+        os.sched_setaffinity(0, args.cpus)  # inherited by the command: no preexec_fn needed
     with (args.state / "service.log").open("ab") as log:
         process = subprocess.Popen(
             command,

@@ -91,9 +91,14 @@ def host(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
         f"  num_speculative_tokens: {K}\n"
     )
     state = root / "service"
-    command = [sys.executable, "-m", "tests.supervisor", "restart", "--state", str(state), "--",
-               python, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)]  # fmt: skip
     worker_cpus, other_cpus = omp_cpus()
+    # vLLM's processes may use every CPU, as in the rest of the tier, but for the worker's OpenMP
+    # threads (bound below): not this process's CPUs, which would keep its engine core, busy while
+    # it serves, on the CPU the daemon and the commands run on. There they waited for it up to
+    # 100 s (measured: the daemon's start, and `ladder show` killed after 120 s).
+    every_cpu = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    command = [sys.executable, "-m", "tests.supervisor", "restart", "--state", str(state), "--cpus", every_cpu,
+               "--", python, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)]  # fmt: skip
     env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(worker_cpus)))
     saved = dict(os.environ)
     os.environ.update(env)  # what the daemon, the supervisor and vLLM inherit
