@@ -8,18 +8,19 @@ and its trials N = S + F. Per series:
   estimate φ (Pearson's χ²/df) and, with ``in_control: learn``, α0; the series is *warming up*;
 - after it, Z = [S ln(α1/α0) + F ln((1−α1)/(1−α0))] / φ and G = max(0, G + Z), held at 2h; with
   several levels α1, one G each, and the rule's value is the largest;
-- and each window alone (``single_window``): when its α̂ is at or below the mildest level and its
-  own evidence, (N / φ_w) KL(α̂ || α0) with φ_w the windows' dispersion without their correlation,
-  reaches h, every G is set to 2h, as if the CUSUM had alarmed. A sudden collapse on a busy server
-  shows in one window, where the CUSUM, dividing by the long-run φ (tens of times φ_w), needs
-  several; an in-control window crosses it at most once in T on average (Chernoff's bound), so it
-  is one more test under the union bound below.
+- and each window alone (``single_window``): when its α̂ is at or below the mildest level and
+  its own evidence, (N / φ_w) KL(α̂ || α0) with φ_w the windows' dispersion without their
+  correlation, reaches h, every G is set to 2h, as if the CUSUM had alarmed. A sudden collapse on
+  a busy server shows in one window, where the CUSUM, dividing by the long-run φ (tens of times
+  φ_w), needs several; an in-control window crosses it at most once in T on average (Chernoff's
+  bound), so it is one more test under the union bound below.
 
 The engine then sees the value G against the threshold h = ln(false_alarm_every / interval) with
 the condition ``G >= h`` (h + ln(n) with n tests, the levels and the window test: a union bound
 keeps the false-alarm target for all of them together): pending, firing, ``for`` and the no-data
-policy work as for any rule. When the series resolves, G starts again from 0. Everything lives in the series' ``detector``
-state, which the store keeps: a restart neither forgets the calibration nor the evidence so far.
+policy work as for any rule. When the series resolves, G starts again from 0. Everything lives
+in the series' ``detector`` state, which the store keeps: a restart neither forgets the
+calibration nor the evidence so far.
 
 A calibration holds only for the windows it was measured on: φ is the dispersion of windows of
 the rule's interval (a window twice as long holds about twice the tokens of each request, and φ
@@ -49,6 +50,15 @@ CAP = 2.0  # G is held at CAP x h once it alarms
 
 def h_of(detect: Detect, interval: float) -> float:
     return threshold(detect.false_alarm_every / interval) + math.log(detect.tests)
+
+
+def window_phi_of(detect: Detect, state: DetectorState) -> float:
+    """What the window test divides a window's trials by: the windows' own dispersion, not the
+    long-run one, since each window is judged alone (1 until the warm-up measured it). A φ given in
+    the rule is a long-run one, larger: with it the test only gets stricter."""
+    if detect.phi is not None:
+        return detect.phi
+    return state.warmup.window_phi or 1.0
 
 
 def condition_of(detect: Detect, interval: float) -> Condition:
@@ -243,10 +253,7 @@ def judge(
         ]
         evidence = None
         if detect.single_window:
-            # The window's own dispersion, not the long-run one: the window is judged alone. A φ
-            # given in the rule is the long-run one, larger: the test only gets stricter.
-            own = detect.phi if detect.phi is not None else state.warmup.window_phi
-            evidence = window_evidence(successes, trials, alpha0, own or 1.0)
+            evidence = window_evidence(successes, trials, alpha0, window_phi_of(detect, state))
             if evidence >= h and series.value <= max(levels):
                 gs = [CAP * h for _ in gs]  # as a CUSUM that alarmed: held, and resolved the same way
         state = replace(state, gs=gs, g=max(gs), evidence=evidence, windows=state.windows + 1)
@@ -339,9 +346,7 @@ def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any]
         "window_alpha": d.alpha,
         "window_trials": d.trials,
         "window_evidence": d.evidence,
-        "window_phi": (detect.phi if detect.phi is not None else d.warmup.window_phi)
-        if detect.single_window
-        else None,
+        "window_phi": window_phi_of(detect, d) if d.evidence is not None else None,  # what judged it
         "warmup": (
             "none: phi and in_control are given"
             if detect.phi is not None and detect.in_control != "learn"

@@ -312,12 +312,9 @@ def test_kl_of_bernoulli_laws() -> None:
 def test_a_windows_own_evidence_is_chernoffs_bound_in_nats() -> None:
     """In-control windows of N independent trials: the share whose evidence reaches e is at most
     exp(-e); a window at or above alpha0 has none; phi divides the trials."""
-    rng = random.Random(3)
     n, alpha0, windows = 200, 0.75, 20_000
-    evidence = []
-    for _ in range(windows):
-        successes = sum(rng.random() < alpha0 for _ in range(n))
-        evidence.append(window_evidence(successes, n, alpha0, 1.0))
+    successes = np.random.default_rng(3).binomial(n, alpha0, windows)
+    evidence = [window_evidence(float(s), n, alpha0, 1.0) for s in successes]
     for e in (1.0, 2.0, 4.0):
         assert sum(v >= e for v in evidence) / windows <= math.exp(-e)
     assert window_evidence(160, 200, 0.75, 1.0) == 0.0
