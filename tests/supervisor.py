@@ -7,8 +7,8 @@ its command line goes through ``/bin/sh -c``.
     python -m tests.supervisor restart --state DIR [--env-file FILE] [--cpus LIST] -- COMMAND...
     python -m tests.supervisor stop --state DIR
 
-``--cpus``: the CPUs the command may run on (systemd's ``CPUAffinity=``), whichever this script
-was given; by default the command inherits this script's.
+``--cpus``: the CPUs the command may run on (as systemd's ``CPUAffinity=``), whatever CPUs this
+script runs on; by default the command inherits this script's.
 """
 
 from __future__ import annotations
