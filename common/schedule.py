@@ -1,8 +1,9 @@
-"""Crontab schedules (the weekly report's): parsing, and the latest time one fired."""
+"""Crontab schedules (the weekly report's): parsing, and the times one fired."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 # Day-of-week as crontab(5) counts it: 0 and 7 are Sunday.
@@ -70,8 +71,34 @@ def _number(text: str, what: str) -> int:
 def last_due(trigger: Any, since: datetime, now: datetime) -> datetime | None:
     """The latest time ``trigger`` fired in ``(since, now]``, or None."""
     found = None
-    moment = trigger.get_next_fire_time(None, since + timedelta(seconds=1))
-    while moment is not None and moment <= now:
+    for moment in _fires(trigger, since + timedelta(seconds=1)):
+        if moment > now:
+            break
         found = moment
-        moment = trigger.get_next_fire_time(moment, moment + timedelta(seconds=1))
     return found
+
+
+def previous_fire(trigger: Any, before: datetime, earliest: datetime) -> datetime | None:
+    """The latest time ``trigger`` fired before ``before`` and not before ``earliest``, or None.
+    APScheduler only counts forward, so it is looked for in spans doubling back from ``before``: a
+    schedule of every minute is not walked through minute by minute from ``earliest``."""
+    before, earliest = before.astimezone(UTC), earliest.astimezone(UTC)  # spans of real time
+    span = timedelta(minutes=1)
+    while True:
+        start = max(before - span, earliest)
+        found = None
+        for moment in _fires(trigger, start):
+            if moment >= before:
+                break
+            found = moment
+        if found is not None or start == earliest:
+            return found
+        span *= 2
+
+
+def _fires(trigger: Any, start: datetime) -> Iterator[datetime]:
+    """The times ``trigger`` fires at or after ``start``, in order."""
+    moment = trigger.get_next_fire_time(None, start)
+    while moment is not None:
+        yield moment
+        moment = trigger.get_next_fire_time(moment, moment + timedelta(seconds=1))

@@ -242,6 +242,12 @@ class ReportConfig(_Strict):
 
     timezone: str = "UTC"  # of the schedule
     schedule: str | None = "0 8 * * mon"  # crontab (minute hour day month weekday); null: none
+    # A scheduled report runs from the schedule's previous time to its own, so consecutive reports
+    # tile time whatever the clocks do. This is the least it covers, counted on the clock of
+    # `timezone` (7d before Monday 08:00 is the Monday before at 08:00, 167 or 169 hours in a week
+    # the clocks change): with runs closer together than this, each report covers this much before
+    # its time and they overlap; with runs as far apart or further it changes nothing (but for a
+    # schedule that never ran in the nine years before: then a report covers this much).
     period: Duration = Field(7 * DAY, ge=3600.0)
     formats: tuple[Literal["html", "md", "json"], ...] = ("html", "json")
     out_dir: Path | None = None  # default: <state_dir>/reports

@@ -424,16 +424,16 @@ class Daemon:
             self._store_failed(str(exc))
 
     async def _weekly_report(self, scheduled: float | None = None) -> None:
-        """The report of the period before ``scheduled`` (the schedule's time now, by default);
-        posted to Slack when the config names a slack action."""
+        """The report of the period from the schedule's previous time to ``scheduled`` (the
+        schedule's time now, by default); posted to Slack when the config names a slack action."""
         from report import weekly
 
         config = self.loaded.config
+        job = self.scheduler.get_job("report") if self.scheduler is not None else None
+        trigger = (
+            job.trigger if job is not None else cron(config.report.schedule or "", config.report.timezone)
+        )
         if scheduled is None:
-            job = self.scheduler.get_job("report") if self.scheduler is not None else None
-            trigger = (
-                job.trigger if job is not None else cron(config.report.schedule or "", config.report.timezone)
-            )
             moment = last_due(trigger, datetime.fromtimestamp(time.time() - 86400, UTC), datetime.now(UTC))
             if moment is None:
                 return
@@ -448,8 +448,8 @@ class Daemon:
 
         try:
             await weekly.scheduled_report(
-                self.store, scheduled, config.report.period, config.report.formats, config.reports_dir(),
-                self.loaded.baseline, deliver if slack is not None else None,
+                self.store, trigger, scheduled, config.report.period, config.report.formats,
+                config.reports_dir(), self.loaded.baseline, deliver if slack is not None else None,
                 remedies=[name for name, action in self.dispatcher.actions.items() if action.changes_world],
             )  # fmt: skip
         except Exception:  # a report must never take the daemon down: said, and tried next time

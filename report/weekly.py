@@ -1,6 +1,7 @@
 """Making a report: once from ``specguard report``, or on the daemon's weekly schedule.
 
-The schedule is a cron expression (APScheduler's ``CronTrigger``). What makes it safe to leave
+The schedule is a cron expression (APScheduler's ``CronTrigger``); a scheduled report covers the
+time since the schedule's previous run (``period_of``). What makes it safe to leave
 running is the ``reports`` table: a report is recorded by the time it was scheduled for, so a
 report missed while the daemon was down is made once when it starts again (only the latest one
 missed, and only for a time after the schedule was first seen), and never twice. The files are
@@ -20,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from common.schedule import last_due
+from common.schedule import last_due, previous_fire
 from daemon.baseline import Baseline
 from daemon.store import Store, transaction
 from report.build import build
@@ -29,6 +30,8 @@ from report.model import Report
 log = logging.getLogger("specguard.report")
 
 SINCE_KEY = "reports_scheduled_since"  # meta: when the schedule was first seen by this store
+# Further back than the runs of any crontab line are apart (29 February: eight years across 2100).
+FURTHEST = timedelta(days=9 * 366)
 
 
 def charts_missing() -> str | None:
@@ -139,27 +142,43 @@ async def missed(store: Store, trigger: Any, now: float, retention: float) -> fl
     return None if await store.call(lambda db: _made(db, scheduled)) else scheduled
 
 
+def period_of(trigger: Any, scheduled: float, least: float) -> tuple[float, float]:
+    """The period ``[start, scheduled)`` of the report scheduled for ``scheduled``: from the
+    schedule's previous time, so that consecutive reports count no hour twice and leave none out
+    whatever the clocks did in between, or from ``least`` seconds before ``scheduled`` if that is
+    earlier (also when the schedule has no previous time). ``least`` is counted on the schedule's
+    clock: 7 days before a Monday 08:00 is the Monday before at 08:00, 167 or 169 hours before
+    when the clocks changed in between."""
+    moment = datetime.fromtimestamp(scheduled, trigger.timezone)
+    earliest = (moment - timedelta(seconds=least)).timestamp()  # in one zone: arithmetic on its clock
+    previous = previous_fire(trigger, moment, moment.astimezone(UTC) - FURTHEST)
+    start = earliest if previous is None else min(previous.timestamp(), earliest)
+    return start, scheduled
+
+
 async def scheduled_report(
     store: Store,
+    trigger: Any,
     scheduled: float,
-    period: float,
+    least: float,
     formats: Sequence[str],
     out_dir: Path,
     baseline: Baseline | None,
     deliver: Callable[[Report], Awaitable[None]] | None = None,
     remedies: Collection[str] = (),
 ) -> tuple[Report, list[Path]] | None:
-    """Make the report scheduled for ``scheduled`` (covering the ``period`` before it) unless it
-    was made already; its files, or None when it had been made. ``deliver`` (queueing it for
-    Slack, which ignores a report it has queued before) runs before the report is recorded as
-    made: a crash between the two makes it again and delivers it once, never not at all."""
+    """Make the report ``trigger`` scheduled for ``scheduled`` (of its ``period_of``, at least
+    ``least`` long) unless it was made already; its files, or None when it had been made.
+    ``deliver`` (queueing it for Slack, which ignores a report it has queued before) runs before
+    the report is recorded as made: a crash between the two makes it again and delivers it once,
+    never not at all."""
     if await store.call(lambda db: _made(db, scheduled)):
         return None
-    start = scheduled - period
-    report, paths = await make(store, start, scheduled, formats, out_dir, baseline, remedies=remedies)
+    start, end = period_of(trigger, scheduled, least)
+    report, paths = await make(store, start, end, formats, out_dir, baseline, remedies=remedies)
     if deliver is not None:
         await deliver(report)
-    if not await store.call(lambda db: _record(db, scheduled, start, scheduled, paths)):
+    if not await store.call(lambda db: _record(db, scheduled, start, end, paths)):
         return None
     log.info(
         "weekly report of %s written: %s",

@@ -1,4 +1,4 @@
-"""Crontab schedules as crontab(5) reads them, and the latest time one fired."""
+"""Crontab schedules as crontab(5) reads them, and the times one fired."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from common.schedule import cron, last_due, weekdays
+from common.schedule import cron, last_due, previous_fire, weekdays
 
 THURSDAY = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)  # 2026-12-03 is a Thursday
 
@@ -83,3 +83,26 @@ def test_last_due_follows_the_schedules_time_zone() -> None:
     trigger = cron("0 8 * * mon", "America/New_York")  # 08:00 in New York is 13:00 UTC in winter
     found = last_due(trigger, THURSDAY - timedelta(days=7), THURSDAY)
     assert found is not None and found.astimezone(UTC) == datetime(2026, 11, 30, 13, 0, tzinfo=UTC)
+
+
+def test_previous_fire_is_the_latest_firing_before_a_time_on_the_schedules_clock() -> None:
+    trigger = cron("0 8 * * mon", "Europe/Berlin")
+    after_spring = datetime(2026, 3, 30, 6, 0, tzinfo=UTC)  # Monday 08:00 in Berlin, summer time
+    month_before = after_spring - timedelta(days=30)
+    found = previous_fire(trigger, after_spring, month_before)  # a firing at ``before`` is not before it
+    assert found is not None and found.astimezone(UTC) == datetime(2026, 3, 23, 7, 0, tzinfo=UTC)  # winter
+    assert after_spring - found == timedelta(days=7, hours=-1)
+    assert previous_fire(trigger, after_spring + timedelta(seconds=1), month_before) == after_spring
+
+
+def test_previous_fire_looks_no_further_back_than_told() -> None:
+    trigger = cron("0 8 1 1 *")  # New Year's Day
+    new_year = datetime(2026, 1, 1, 8, 0, tzinfo=UTC)
+    assert previous_fire(trigger, THURSDAY, THURSDAY - timedelta(days=400)) == new_year
+    assert previous_fire(trigger, THURSDAY, new_year) == new_year  # ``earliest`` itself counts
+    assert previous_fire(trigger, THURSDAY, new_year + timedelta(seconds=1)) is None
+
+
+def test_previous_fire_of_a_schedule_of_every_minute_is_the_minute_before() -> None:
+    found = previous_fire(cron("* * * * *"), THURSDAY, THURSDAY - timedelta(days=3650))
+    assert found == THURSDAY - timedelta(minutes=1)
