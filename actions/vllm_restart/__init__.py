@@ -198,7 +198,7 @@ class VllmRestartAction(Action):
 
     async def _for_event(self, ctx: ActionContext, way: str) -> Outcome:
         memory = self.memory(ctx)
-        key = f"{ctx.event_id}:{way}"
+        key = _answer_key(ctx.event_id, way)
         async with self._lock:
             state = await memory.read(STATE_KEY) or _empty()
             if key in state["done"]:  # carried out before a crash: the same answer, nothing again
@@ -213,12 +213,11 @@ class VllmRestartAction(Action):
             target = self._below(current) if way == "down" else self._above(current)
             if target is None:
                 where = "bottom" if way == "down" else "top"
-                outcome = Outcome(True, f"k={current} is the ladder's {where} rung: nothing to change")
-            else:
-                why = f"{ctx.rule} {'firing' if way == 'down' else f'resolved for {self.restore_delay:g}s'}"
-                outcome = await self._change(memory, current, target, why, ctx.event_id, way)
-            await memory.update(STATE_KEY, lambda s: _done(s, key, outcome))
-            return outcome
+                nothing = Outcome(True, f"k={current} is the ladder's {where} rung: nothing to change")
+                return await self._answer(memory, ctx.event_id, way, nothing)
+            why = f"{ctx.rule} {'firing' if way == 'down' else f'resolved for {self.restore_delay:g}s'}"
+            # The answer is recorded with the step: in the transaction that closes its journal.
+            return await self._change(memory, current, target, why, ctx.event_id, way)
 
     # --- by hand: `specguard ladder` --------------------------------------------------------------
 
@@ -295,11 +294,7 @@ class VllmRestartAction(Action):
             "found an unfinished change of k %s -> %s (%s, at %s): completing it",
             change["from"], change["to"], change["reason"], change["phase"],
         )  # fmt: skip
-        outcome = await self._carry_out(memory, change, resumed=True)
-        if change["event_id"] is not None:  # the run of that firing, repeated, answers from here
-            key = f"{change['event_id']}:{change.get('way', 'down')}"
-            await memory.update(STATE_KEY, lambda s: _done(s, key, outcome))
-        return outcome
+        return await self._carry_out(memory, change, resumed=True)
 
     # --- a change --------------------------------------------------------------------------------
 
@@ -350,13 +345,14 @@ class VllmRestartAction(Action):
             config_before = self._read_config(before)
             base = state["base"]
             if target > 0 and base is None:
-                return Outcome(
+                refused = Outcome(
                     False, f"{self.path} has no speculative config, and none is known to turn back on"
                 )
+                return await self._answer(memory, event_id, way, refused)
             config_after = speculative.with_k(base or {}, target)
             after = self._render(before, config_after, state["version"], target)
         except speculative.ConfigError as exc:
-            return Outcome(False, str(exc))
+            return await self._answer(memory, event_id, way, Outcome(False, str(exc)))
         # A failure rolls back to the config last seen running (the file may have been edited since
         # it was read at start: a broken draft path must not be what the rollback restores).
         good = state["good"] or {"text": before, "k": current}
@@ -446,6 +442,15 @@ class VllmRestartAction(Action):
             memory, change, False, detail, change["rollback_k"], change["rollback_text"]
         )
 
+    async def _answer(
+        self, memory: ActionMemory, event_id: int | None, way: str, outcome: Outcome
+    ) -> Outcome:
+        """A firing's answer when no step was started (so no journal to close): kept, so that the
+        run repeated after a crash gives it again."""
+        if event_id is not None:
+            await memory.update(STATE_KEY, lambda s: _done(s, _answer_key(event_id, way), outcome))
+        return outcome
+
     async def _undrain(self, memory: ActionMemory) -> str:
         """Let go of the drain once vLLM is verified (no canary: the verification was one)."""
         if self._drain is None:
@@ -466,8 +471,12 @@ class VllmRestartAction(Action):
         running: str | None = None,
     ) -> Outcome:
         """Close the journal: ``k`` and the file text ``running`` are what vLLM now runs (verified);
-        None when nothing is known to run."""
+        None when nothing is known to run. A firing's step records its answer in the same
+        transaction: a daemon killed just after it finds the step done and answered, never a
+        closed journal without an answer, which the firing's repeated run would take as a step
+        still to make."""
         ended = time.time()
+        outcome = Outcome(ok, detail)
         entry = {
             "at": change["started"], "ended": ended, "from": change["from"], "to": change["to"],
             "reason": change["reason"], "ok": ok, "detail": detail,
@@ -481,6 +490,9 @@ class VllmRestartAction(Action):
                 s["k"] = k
                 s["good"] = {"text": running, "k": k}
             s["log"] = [*s["log"], entry][-KEEP_LOG:]
+            if change["event_id"] is not None:
+                # (journals written before changes had a way were a firing's, stepping down)
+                s = _done(s, _answer_key(change["event_id"], change.get("way", "down")), outcome)
             return s
 
         def notes() -> list[tuple[int, str]]:
@@ -494,11 +506,15 @@ class VllmRestartAction(Action):
 
         await memory.update(STATE_KEY, end, notes)
         (log.info if ok else log.error)("%s", detail)
-        return Outcome(ok, detail)
+        return outcome
 
 
 def _shown(config: dict[str, Any] | None) -> str:
     return "off" if config is None else json.dumps(config, separators=(",", ":"))
+
+
+def _answer_key(event_id: int | None, way: str) -> str:
+    return f"{event_id}:{way}"
 
 
 def _done(state: dict[str, Any] | None, key: str, outcome: Outcome) -> dict[str, Any]:

@@ -12,14 +12,15 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from actions.base import ActionContext
+from actions.base import ActionContext, ActionMemory
 from actions.vllm_restart import STATE_KEY, VllmRestartAction, VllmRestartParams, speculative
 from actions.vllm_restart.server import Server
 from daemon.dispatch.memory import StoreMemory
@@ -213,6 +214,78 @@ async def test_a_change_cut_short_is_completed_by_the_next_daemon(host: Host, st
     # the firing's run, carried out again by the next daemon, answers from the journal
     repeated = await fresh.run(ctx(store, 7))
     assert repeated.ok and "k 4 -> 2" in repeated.detail
+    assert len(host.commands()) == 2  # the first start and the one restart
+
+
+class Killed(BaseException):
+    """The daemon's process ending between two of the store's transactions: nothing after runs."""
+
+
+class KilledOnceTheJournalCloses:
+    """The store's memory for an action whose process is killed as soon as the transaction that
+    closes a change's journal has committed (the step made and verified, nothing after it run)."""
+
+    def __init__(self, memory: ActionMemory) -> None:
+        self.memory = memory
+        self.closed = False
+
+    async def read(self, key: str) -> Any:
+        return await self.memory.read(key)
+
+    async def update(
+        self,
+        key: str,
+        change: Callable[[Any], Any],
+        notes: Callable[[], Sequence[tuple[int, str]]] | None = None,
+    ) -> Any:
+        journal: list[Any] = []
+
+        def watched(current: Any) -> Any:
+            journal.append((current or {}).get("change"))
+            return change(current)
+
+        state = await self.memory.update(key, watched, notes)
+        if key == STATE_KEY and journal[-1] is not None and state["change"] is None:
+            self.closed = True
+            raise Killed
+        return state
+
+    def of(self, action: str) -> ActionMemory:
+        return self.memory.of(action)
+
+
+@pytest.mark.parametrize("carried_out_by", ["the run", "the next daemon's tick"])
+async def test_a_step_killed_once_its_journal_closes_is_not_taken_again_by_the_same_firing(
+    host: Host, store: Store, carried_out_by: str
+) -> None:
+    memory = StoreMemory(store, "shrink")
+    killing = KilledOnceTheJournalCloses(memory)
+    await Server(host.url, None).wait_healthy(30)
+    if carried_out_by == "the run":
+        with pytest.raises(Killed):
+            await host.action().run(replace(ctx(store, 7), memory=killing))
+    else:  # the run stopped mid-verification; the next daemon completes the step, and is killed
+        task = asyncio.create_task(host.action().run(ctx(store, 7)))
+        for _ in range(300):
+            state = await memory.read(STATE_KEY)
+            if state and state.get("change") and state["change"]["phase"] == "verify":
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(Killed):
+            await host.action().tick(killing)
+    assert killing.closed
+    state = await memory.read(STATE_KEY)
+    assert state["change"] is None and state["k"] == 2  # the step was made and verified
+    (step,) = state["log"]
+
+    # The dispatcher carries out the run left 'running' again, on the next daemon's instance.
+    repeated = await host.action().run(ctx(store, 7))
+    state = await memory.read(STATE_KEY)
+    assert [(e["from"], e["to"]) for e in state["log"]] == [(4, 2)] and state["k"] == 2, state["log"]
+    assert repeated.ok and repeated.detail == step["detail"]  # the first step's answer
     assert len(host.commands()) == 2  # the first start and the one restart
 
 
