@@ -7,6 +7,15 @@ and the change is verified: ``/health`` answers 200 within ``health_timeout`` an
 requests, ``/metrics`` counts exactly the new number of draft positions (none when off). A change
 that fails is rolled back: the previous file, another restart, the old k verified.
 
+A start that fails (vLLM refusing the new config) ends the wait for ``/health`` at once, not after
+``health_timeout``: with ``unit``, as soon as ``systemctl show`` says the unit failed, is inactive,
+or is being started again by systemd after a failure (``Restart=``); with ``command``, which must
+return once it has asked for the restart (a command that stays up as the server outlives
+``command_timeout`` and fails the step), as soon as the optional ``status_command`` exits non-zero
+(0 while the server's process runs, loading included; its output is quoted as the reason). The
+rollback's wait is watched the same way. Without ``status_command``, only ``/health`` and the
+timeout tell.
+
 Stepping up is explicit (``specguard ladder up``), or, with ``step_up_after``, one rung once the
 rule has stayed resolved that long. Every step is journaled in the store before it is taken: a
 daemon that dies mid-restart finds the unfinished change when it starts again and completes the
@@ -22,12 +31,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from actions.acceptance import SprtParams
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Holding, Outcome
 from actions.feature_flag import FeatureFlagAction
 from actions.vllm_restart import speculative
+from actions.vllm_restart.process import StatusCommandWatch, UnitWatch, Watch
 from actions.vllm_restart.server import NotReady, Server
 from common.commands import CommandError, run_command
 from common.files import read_or_none, write_atomically
@@ -85,6 +95,8 @@ class VllmRestartParams(ActionParams):
     unit: str | None = None  # systemctl --no-ask-password restart UNIT
     command: tuple[str, ...] | None = None  # ... or this argument list, run without a shell
     command_timeout: Duration = Field(120.0, gt=0)
+    # With `command`: exits 0 while the server's process runs, non-zero once it has stopped.
+    status_command: tuple[str, ...] | None = None
     health_timeout: Duration = Field(600.0, gt=0)  # model loading included
     verify_requests: int = Field(4, ge=1, le=64)
     verify_max_tokens: int = Field(16, ge=2, le=1024)
@@ -115,13 +127,14 @@ class VllmRestartParams(ActionParams):
             raise ValueError("give the vLLM server's http:// or https:// base URL")
         return value.rstrip("/")
 
-    @field_validator("command", mode="before")
+    @field_validator("command", "status_command", mode="before")
     @classmethod
-    def _command(cls, value: Any) -> Any:
+    def _command(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
             raise ValueError("give the command as a list of arguments; it is run without a shell")
         if value is not None and not value:
-            raise ValueError("an empty command: give its arguments, or use `unit`")
+            instead = "use `unit`" if info.field_name == "command" else "leave it out"
+            raise ValueError(f"an empty command: give its arguments, or {instead}")
         return value
 
     @model_validator(mode="after")
@@ -130,6 +143,8 @@ class VllmRestartParams(ActionParams):
             raise ValueError("say where vLLM reads its speculative config: `env_file` or `vllm_config`, one")
         if (self.unit is None) == (self.command is None):
             raise ValueError("say how vLLM is restarted: `unit` (systemctl) or `command`, one")
+        if self.status_command is not None and self.unit is not None:
+            raise ValueError("status_command goes with `command`; with `unit`, systemd says how the unit is")
         return self
 
 
@@ -386,9 +401,11 @@ class VllmRestartAction(Action):
                 await phase("restart")
             if change["phase"] == "restart":
                 timings["restart"] = await _timed(self._restart)
+                change["restarted"] = time.time()
                 await phase("verify")
             if change["phase"] == "verify":
-                timings["ready"] = await _timed(lambda: self.server.wait_healthy(self.p.health_timeout))
+                watch = self._watch(change.get("restarted", time.time()))
+                timings["ready"] = await _timed(lambda: self._wait_healthy(watch))
                 checking = time.monotonic()
                 seen = await self.server.verify(
                     change["to"], self.p.verify_requests, self.p.verify_max_tokens, self.p.model
@@ -424,7 +441,7 @@ class VllmRestartAction(Action):
             else:
                 await asyncio.to_thread(write_atomically, self.path, text)
             await self._restart()
-            await self.server.wait_healthy(self.p.health_timeout)
+            await self._wait_healthy(self._watch(time.time()))
             seen = await self.server.verify(
                 change["rollback_k"], self.p.verify_requests, self.p.verify_max_tokens, self.p.model
             )
@@ -460,6 +477,25 @@ class VllmRestartAction(Action):
 
     async def _restart(self) -> None:
         await run_command(self.restart_argv, self.p.command_timeout, "restart")
+
+    def _watch(self, restarted: float) -> Watch | None:
+        """What says, while /health is awaited, that the server restarted at ``restarted`` (unix
+        time) is down; None when nothing can."""
+        if self.p.unit is not None:
+            look: Watch = UnitWatch(self.p.unit)
+        elif self.p.status_command is not None:
+            look = StatusCommandWatch(self.p.status_command)
+        else:
+            return None
+
+        async def watch() -> str | None:
+            down = await look()
+            return None if down is None else f"{down} {time.time() - restarted:.0f}s after the restart"
+
+        return watch
+
+    async def _wait_healthy(self, watch: Watch | None) -> float:
+        return await self.server.wait_healthy(self.p.health_timeout, watch=watch)
 
     async def _finish(
         self,

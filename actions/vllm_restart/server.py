@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +18,10 @@ SPEC_PREFIX = "vllm:spec_decode_"
 
 class NotReady(Exception):
     """The server did not become healthy, or does not run the config it should."""
+
+
+class ServerDown(NotReady):
+    """While it was awaited, the server's process was seen down: its start failed."""
 
 
 def positions(page: str) -> tuple[bool, set[int]]:
@@ -51,9 +56,13 @@ class Server:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
-    async def wait_healthy(self, timeout: float, poll: float = 1.0) -> float:
+    async def wait_healthy(
+        self, timeout: float, poll: float = 1.0, watch: Callable[[], Awaitable[str | None]] | None = None
+    ) -> float:
         """Wait for ``/health`` to answer 200 (refused connections meanwhile are the model
-        loading); returns the seconds waited. Raises NotReady after ``timeout``."""
+        loading); returns the seconds waited. Raises NotReady after ``timeout``; with ``watch``
+        (None while the server's process runs, else why it is down), looked at after each
+        unanswered poll, ServerDown as soon as it says why."""
         started = time.monotonic()
         last = "no answer"
         async with self._session() as session:
@@ -65,6 +74,9 @@ class Server:
                         last = f"/health answered {answer.status}"
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     last = type(exc).__name__
+                down = await watch() if watch is not None else None
+                if down is not None:
+                    raise ServerDown(down)
                 if time.monotonic() - started + poll > timeout:
                     raise NotReady(f"not healthy within {timeout:g}s (last: {last})")
                 await asyncio.sleep(poll)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -94,6 +95,39 @@ class Host:
         """Each start: the command and the environment file's variables."""
         return [json.loads(line) for line in (self.state / "commands").read_text().splitlines()]
 
+    @property
+    def status_command(self) -> list[str]:
+        """Exits 0 while the server's process runs, 1 (saying how it ended) once it has exited."""
+        return [sys.executable, "-m", "tests.supervisor", "status", "--state", str(self.state)]
+
+    def break_config(self) -> None:
+        """Edit the file as someone might: the draft gone, which the server refuses to start with
+        (the one running goes on with the config it read at start)."""
+        broken = {"num_speculative_tokens": 4, "prompt_lookup_max": 3}
+        text = self.path.read_text()
+        self.path.write_text(
+            speculative.render_env(broken, "edited")
+            if self.style == "env"
+            else speculative.render_yaml(text, broken, "0.32.0", "f")
+        )
+
+    def systemctl(self, bin_dir: Path) -> None:
+        """A systemctl in ``bin_dir`` for this host's unit: ``restart`` runs the supervisor's
+        restart, ``show`` prints the supervisor's record of the server as systemd's properties."""
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        show = [sys.executable, "-m", "tests.supervisor", "show", "--state", str(self.state)]
+        script = bin_dir / "systemctl"
+        script.write_text(
+            f"#!{sys.executable}\n"
+            "import subprocess, sys\n"
+            "verb = [word for word in sys.argv[1:] if not word.startswith('--')][0]\n"
+            f"argv = {{'restart': {self.command!r}, 'show': {show!r}}}.get(verb)\n"
+            "if argv is None:\n"
+            "    sys.exit(f'systemctl stand-in: no {verb}')\n"
+            "sys.exit(subprocess.run(argv).returncode)\n"
+        )
+        script.chmod(0o755)
+
 
 @pytest.fixture(params=["env", "yaml"])
 def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
@@ -176,6 +210,7 @@ async def test_a_config_that_does_not_come_up_is_rolled_back_to_the_last_one_see
     )
     outcome = await action.run(ctx(store, 2))
     assert not outcome.ok
+    # (no status_command: only /health and its timeout tell that the start failed)
     assert "k 2 -> 1 failed at verify: not healthy within 6s" in outcome.detail, outcome.detail
     assert "rolled back to k=2: /metrics counts draft positions 0-1" in outcome.detail
     # the file vLLM runs with is the one it ran before, not the edited one
@@ -183,6 +218,56 @@ async def test_a_config_that_does_not_come_up_is_rolled_back_to_the_last_one_see
     state = await StoreMemory(store, "shrink").read(STATE_KEY)
     assert state["k"] == 2 and state["change"] is None
     assert state["log"][-1]["ok"] is False
+
+
+async def test_a_server_that_exits_at_start_is_rolled_back_as_soon_as_the_status_command_says_so(
+    host: Host, store: Store
+) -> None:
+    # health_timeout far beyond the test's own limit: only the watch can end the wait in time
+    action = host.action(health_timeout="600s", ladder=[4, 2, 1, 0], status_command=host.status_command)
+    await Server(host.url, None).wait_healthy(30)
+    assert (await action.run(ctx(store, 1))).ok  # k 4 -> 2: now known to run
+    host.break_config()
+    async with asyncio.timeout(120):
+        outcome = await action.run(ctx(store, 2))
+    assert not outcome.ok
+    assert re.search(
+        r"^k 2 -> 1 failed at verify: the server is down \(status_command: exited with status 2 after \d+s\) "
+        r"\d+s after the restart; rolled back to k=2: /metrics counts draft positions 0-1$",
+        outcome.detail,
+    ), outcome.detail
+    assert "tiny-draft" in host.path.read_text() and "prompt_lookup_max" not in host.path.read_text()
+    state = await StoreMemory(store, "shrink").read(STATE_KEY)
+    assert state["k"] == 2 and state["change"] is None
+    assert state["log"][-1]["ok"] is False and state["log"][-1]["detail"] == outcome.detail
+    assert len(host.commands()) == 4  # the first start, the step, the broken step, its rollback
+
+
+async def test_a_unit_that_fails_at_start_ends_the_wait_for_the_step_and_for_its_rollback(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = Host(tmp_path, "env")
+    host.systemctl(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    host.start()
+    try:
+        await Server(host.url, None).wait_healthy(30)
+        # The file is broken before the first step, so the rollback (to the file as it was, nothing
+        # having been seen running) fails to start as well.
+        host.break_config()
+        action = host.action(command=None, unit="shrink.service", health_timeout="600s")
+        assert action.restart_argv == ("systemctl", "--no-ask-password", "restart", "shrink.service")
+        async with asyncio.timeout(120):
+            outcome = await action.run(ctx(store, 1))
+    finally:
+        host.stop()
+    assert not outcome.ok
+    failed = r"shrink\.service failed \(Result=exit-code, status 2\) \d+s after the restart"
+    assert re.search(
+        rf"^k 4 -> 2 failed at verify: {failed}; rolling back failed too: {failed}: vLLM needs a hand$",
+        outcome.detail,
+    ), outcome.detail
+    assert len(host.commands()) == 3  # the first start, the step, the rollback
 
 
 async def test_a_change_cut_short_is_completed_by_the_next_daemon(host: Host, store: Store) -> None:
@@ -304,6 +389,12 @@ def test_bad_params_are_refused_with_the_reason(tmp_path: Path) -> None:
         )
     with pytest.raises(ValidationError, match="`unit` \\(systemctl\\) or `command`, one"):
         VllmRestartParams.model_validate({**base, "ladder": [2, 0], "command": ["true"]})
+    with pytest.raises(ValidationError, match="status_command goes with `command`; with `unit`, systemd"):
+        VllmRestartParams.model_validate({**base, "ladder": [2, 0], "status_command": ["true"]})
+    with pytest.raises(ValidationError, match="run without a shell"):
+        VllmRestartParams.model_validate(
+            {**base, "ladder": [2, 0], "unit": None, "command": ["true"], "status_command": "pidof vllm"}
+        )
     with pytest.raises(ValidationError, match="`env_file` or `vllm_config`, one"):
         VllmRestartParams.model_validate(
             {**base, "ladder": [2, 0], "vllm_config": {"path": str(tmp_path / "v.yaml")}}
