@@ -132,6 +132,10 @@ class Action(ABC):
     # Whether a run may take minutes (a restart): the dispatcher then carries it out beside the
     # rest, so that nothing else (an evaluation, a notice, the daemon's start) waits for it.
     long_running: ClassVar[bool] = False
+    # Whether what the action holds is derived from the rules' states on every tick by a
+    # controller (the feature flag: engaged while an eligible series fires), rather than run
+    # once per event: the dispatcher plans no runs for it; its controller writes them.
+    reconciled: ClassVar[bool] = False
 
     def __init__(self, name: str, params: ActionParams):
         """Raises ValueError when the action cannot be set up (a secret it cannot read)."""

@@ -120,7 +120,9 @@ class Daemon:
         self.source: Source = make_source(loaded)
         # With the Prometheus source, the servers whose history is kept are scraped for it alone.
         self.history_source: Any = make_history_source(loaded.config)
-        self.dispatcher = Dispatcher(self.store, loaded.actions, loaded.config.dry_run, self.metrics)
+        self.dispatcher = Dispatcher(
+            self.store, loaded.actions, loaded.config.dry_run, self.metrics, rules=loaded.rules
+        )
         # What Alertmanager has said, alert by alert, of the alerts some rule watches: the others
         # are only stored (a reload that adds a rule reads them back from the store).
         self.alerts = AlertBook()
@@ -268,6 +270,7 @@ class Daemon:
                 if unfinished:
                     log.warning("stopped mid-round: unfinished action runs resume at the next start")
             self.scheduler.shutdown(wait=False)
+        await self.dispatcher.quiesce(SHUTDOWN_GRACE)  # a run it started finishes, as a round's does
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -519,6 +522,7 @@ class Daemon:
             self.last_round_of[each] = self.last_round
         self.metrics.last_evaluation.set(self.last_round)
         self._tell_status()
+        self.dispatcher.wake()  # the flags are looked at against the states this round left
 
     def _evaluated(self, name: str) -> None:
         """Rule ``name`` has been evaluated (stored, or failed) since the start: READY=1 once all have."""
@@ -796,12 +800,14 @@ class Daemon:
             self.metrics.show_rules(r.name for r in new.enabled_rules())
             await self._rebuild_book()
             self.dispatcher.actions = dict(new.actions)
+            self.dispatcher.set_rules(new.rules)
             self.dispatcher.dry_run = new.config.dry_run
             configured = {r.name for r in new.rules}
             for name in list(self.states):
                 if name not in configured:
                     del self.states[name]
             await self.store.forget_rules(configured)
+            self.dispatcher.wake()  # a flag held by a rule now gone, disabled or changed is let go
             if self.scheduler is not None:
                 self._schedule_jobs()
             self.metrics.config_reloads.labels("ok").inc()
@@ -858,6 +864,8 @@ class Daemon:
             },
             "dry_run": self.loaded.config.dry_run,
             "last_evaluation": self.last_round,
+            "fallbacks": self.dispatcher.controller.shown,  # each flag: what it should be, and why
+            "waiting": self.dispatcher.waiting,  # runs deferred or waiting for their time, and why
             "rules": self.rule_rows(),
         }
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +34,7 @@ class StoreError(Exception):
     """The store cannot be read or written; the message names the file and the reason."""
 
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 BUSY_TIMEOUT = 5.0  # seconds a statement waits for another connection's lock
 # Columns each schema version added to a table, so an older database is brought up to date.
 _COLUMNS_SINCE = {
@@ -46,6 +47,7 @@ _COLUMNS_SINCE = {
     4: (("action_runs", "mode TEXT NOT NULL DEFAULT 'run'"), ("action_runs", "not_before REAL")),
     5: (("events", "since REAL"),),
     7: (("series_state", "detector TEXT"),),
+    8: (("action_runs", "admitted REAL"),),
 }
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -69,7 +71,8 @@ CREATE TABLE IF NOT EXISTS action_runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
     action TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
     detail TEXT NOT NULL DEFAULT '', created REAL NOT NULL, started REAL, finished REAL,
-    attempts INTEGER NOT NULL DEFAULT 0, mode TEXT NOT NULL DEFAULT 'run', not_before REAL
+    attempts INTEGER NOT NULL DEFAULT 0, mode TEXT NOT NULL DEFAULT 'run', not_before REAL,
+    admitted REAL
 );
 CREATE INDEX IF NOT EXISTS action_runs_status ON action_runs (status);
 CREATE INDEX IF NOT EXISTS action_runs_action_created ON action_runs (action, created);
@@ -132,15 +135,38 @@ CREATE TABLE IF NOT EXISTS reports (
 """
 
 
+class RunStatus(StrEnum):
+    """Where an action run stands. ``deferred``: a guard said "not now" (a silence, a cooldown, the
+    budget), with the reason and the time it may go (``not_before``); it is looked at again on
+    every tick and runs once the reason is gone, unless what it answered is over by then."""
+
+    PENDING = "pending"  # admitted by the guards; carried out once due (``not_before``)
+    RUNNING = "running"  # under way (a run found so at start was cut short: carried out again)
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # never to run, with the reason
+    DEFERRED = "deferred"
+
+
+class RunMode(StrEnum):
+    RUN = "run"  # do what the action does (engage a flag, step k down, tell on-call)
+    RESTORE = "restore"  # undo what a world-changing action did
+    HOLD = "hold"  # a firing met the fallback already engaged: held, nothing written
+
+
+OPEN = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.DEFERRED)
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     """What the dispatcher decided for one action of an event."""
 
     action: str
-    status: str  # pending | skipped
+    status: str  # RunStatus: pending | skipped | deferred
     reason: str = ""
-    mode: str = "run"  # run | restore (undo what a world-changing action did)
-    not_before: float | None = None  # not carried out before this time (a restore's quiet period)
+    mode: str = "run"  # RunMode: run | restore (undo what a world-changing action did)
+    # Not carried out before this time: a restore's quiet period, or when a deferral may end.
+    not_before: float | None = None
 
 
 # Given the transaction an event is written in and a run planned for it, the run as it is to be
@@ -197,8 +223,9 @@ async def opened(path: Path) -> AsyncIterator[Store]:
 class Store:
     """Async facade over one SQLite database file, used from the event loop."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time):
         self.path = path
+        self.clock = clock  # what the times it writes are read from (a test's fake clock)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specguard-store")
         self._db: sqlite3.Connection | None = None
         # A second connection to the same file for bookkeeping whose commits need not be synced on
@@ -256,7 +283,7 @@ class Store:
         Raises StoreError when the store still cannot be written."""
         await self._call(
             lambda db: _update(
-                db, "INSERT OR REPLACE INTO meta VALUES ('last_write_check', ?)", (repr(time.time()),)
+                db, "INSERT OR REPLACE INTO meta VALUES ('last_write_check', ?)", (repr(self.clock()),)
             )
         )
 
@@ -319,7 +346,7 @@ class Store:
     async def runs_to_do(self, ids: Sequence[int] | None = None, now: float | None = None) -> list[ActionRun]:
         """Runs still pending and due by ``now``, or started and never finished (the daemon
         stopped mid-run)."""
-        at = time.time() if now is None else now
+        at = self.clock() if now is None else now
         return await self._call(lambda db: _runs_to_do(db, ids, at))
 
     async def event_outcomes(self, event_id: int) -> list[RunOutcome]:
@@ -348,10 +375,12 @@ class Store:
         return await self._call(read)
 
     async def next_due(self) -> float | None:
-        """When the earliest pending run that waits (a restore in its quiet period) is due."""
+        """When the earliest run that waits is due: a restore in its quiet period, a retry after
+        its backoff, a deferral (a silence, a cooldown, the budget) that may end."""
         row = await self._call(
             lambda db: db.execute(
-                "SELECT min(not_before) FROM action_runs WHERE status='pending' AND not_before IS NOT NULL"
+                "SELECT min(not_before) FROM action_runs WHERE status IN ('pending', 'deferred') "
+                "AND not_before IS NOT NULL"
             ).fetchone()
         )
         return None if row[0] is None else float(row[0])
@@ -393,7 +422,7 @@ class Store:
                     "SELECT value FROM action_memory WHERE action=? AND key=?", (action, key)
                 ).fetchone()
                 value = change(None if row is None else json.loads(row["value"]))
-                now = time.time()
+                now = self.clock()
                 db.execute(
                     "INSERT OR REPLACE INTO action_memory (action, key, value, updated) VALUES (?,?,?,?)",
                     (action, key, json.dumps(value), now),
@@ -419,7 +448,7 @@ class Store:
             lambda db: _update(
                 db,
                 "UPDATE action_runs SET status='running', started=?, attempts=attempts+1 WHERE id=?",
-                (time.time(), run_id),
+                (self.clock(), run_id),
             ),
             synced=False,
         )
@@ -430,7 +459,7 @@ class Store:
             lambda db: _update(
                 db,
                 "UPDATE action_runs SET status='skipped', reason=?, finished=? WHERE id=?",
-                (reason, time.time(), run_id),
+                (reason, self.clock(), run_id),
             )
         )
 
@@ -441,7 +470,7 @@ class Store:
             lambda db: _update(
                 db,
                 "UPDATE action_runs SET status=?, detail=?, finished=? WHERE id=?",
-                (status, detail, time.time(), run_id),
+                (status, detail, self.clock(), run_id),
             ),
             synced=False,
         )
@@ -458,6 +487,11 @@ class Store:
         (``runs``: action, mode, status, reason, detail), what actions noted for it later (``notes``:
         action, at, text: a Slack notice delivered) and the trigger that moved the rule."""
         return await self._call(lambda db: _history(db, rule, limit, since))
+
+    async def run_of(self, run_id: int) -> ActionRun | None:
+        """One run with its event, as the dispatcher carries runs out."""
+        found = await self._call(lambda db: _runs_to_do(db, [run_id], math.inf, any_status=True))
+        return found[0] if found else None
 
     async def action_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         return await self._call(
@@ -667,8 +701,8 @@ def _commit(
                 if guard is not None and planned.status == "pending":
                     planned = guard(db, e, planned)
                 run = db.execute(
-                    "INSERT INTO action_runs (event_id, action, status, reason, created, mode, not_before) "
-                    "VALUES (?,?,?,?,?,?,?)",
+                    "INSERT INTO action_runs (event_id, action, status, reason, created, mode, not_before, "
+                    "admitted) VALUES (?,?,?,?,?,?,?,?)",
                     (
                         event_id,
                         planned.action,
@@ -677,6 +711,7 @@ def _commit(
                         e.at,
                         planned.mode,
                         planned.not_before,
+                        e.at if planned.status == RunStatus.PENDING else None,
                     ),
                 )
                 if planned.status == "pending" and run.lastrowid is not None:
@@ -693,19 +728,27 @@ def _forget(db: sqlite3.Connection, keep: set[str]) -> int:
     return len(gone)
 
 
-def _runs_to_do(db: sqlite3.Connection, ids: Sequence[int] | None, now: float) -> list[ActionRun]:
+def _runs_to_do(
+    db: sqlite3.Connection, ids: Sequence[int] | None, now: float, any_status: bool = False
+) -> list[ActionRun]:
     sql = (
         "SELECT r.id, r.event_id, r.action, r.status, r.attempts, r.mode, e.at, e.series, e.rule, e.kind, "
         "e.labels, e.value, e.threshold, e.severity, e.summary, e.annotations, e.since FROM action_runs r "
-        "JOIN events e ON e.id = r.event_id WHERE (r.status = 'running' OR (r.status = 'pending' "
-        "AND (r.not_before IS NULL OR r.not_before <= ?)))"
+        "JOIN events e ON e.id = r.event_id WHERE "
     )
-    params: tuple[Any, ...] = (now,)
+    params: tuple[Any, ...] = ()
+    if any_status:
+        sql += "1"
+    else:
+        sql += (
+            "(r.status = 'running' OR (r.status = 'pending' AND (r.not_before IS NULL OR r.not_before <= ?)))"
+        )
+        params = (now,)
     if ids is not None:
         if not ids:
             return []
         sql += f" AND r.id IN ({','.join('?' * len(ids))})"
-        params = (now, *ids)
+        params = (*params, *ids)
     sql += " ORDER BY r.id"
     return [
         ActionRun(

@@ -1,20 +1,32 @@
 """The ``feature_flag`` action: fall back to standard decoding by setting a flag that a router or
-the serving stack reads, and set it back once the rule has stayed resolved.
+the serving stack reads, and set it back once the rules that wanted it have stayed quiet.
 
-- ``run`` (a rule fires) engages the flag. The flag's state is kept in specguard's store: engaging
-  an engaged flag changes nothing, and every rule series that fired is recorded as a holder.
-- ``restore`` (the dispatcher calls it once the rule has stayed resolved for ``quiet_period``)
-  lets go of the series' hold. The flag is set back only when the last holder lets go, and, with
-  ``canary``, only when a probe of the speculative server shows acceptance back above its
-  threshold. A failed canary or a failed write keeps the fallback; the dispatcher tries again
-  after a doubling wait (``restore_backoff`` up to ``restore_max_backoff``).
+What the flag should be is not decided here. The fallback controller
+(``daemon.dispatch.fallback``) derives it from the rules' states on every tick: engaged while an
+eligible, unsilenced series fires (its rule configured, enabled, naming this action), while the
+flag is engaged and any eligible series fires, and for ``quiet_period`` after the last one stops;
+then restored, once the canary (if there is one) sees acceptance back. It calls ``engage`` and
+``restore`` here, which change the world and keep what they confirmed in the store:
+
+- ``state``: ``engaged`` or ``restored`` as last confirmed (a write acknowledged, a file read back,
+  the flag read back from the world), or ``unknown`` while a write is under way or after one whose
+  outcome is not known (a timeout, a 5xx, a crash between the write and its record): the
+  controller then writes again, which is harmless, rather than assume;
+- ``since`` and ``spans``: when it was engaged, for the weekly report.
+
+A failed write is tried again after ``retry_backoff`` (doubled, up to ``retry_max_backoff``); a
+canary that sees acceptance still low after ``restore_backoff`` (doubled, up to
+``restore_max_backoff``). A ladder (``vllm_restart`` with ``drain``) engages the flag itself
+before it restarts vLLM (``engage`` with the lock held), and holds it while its change is under
+way; the controller lets go once the ladder's journal is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
@@ -28,44 +40,134 @@ from actions.feature_flag.backends import (
     HttpParams,
 )
 from actions.feature_flag.canary import Canary, CanaryParams
+from common.locks import named_lock
 from common.secrets import read_if_given
 from rules.durations import Duration, format_duration
 
 STATE_KEY = "flag"
 KEEP_SPANS = 500  # engagements remembered (with their restore) for the weekly report
+ENGAGED, RESTORED, UNKNOWN = "engaged", "restored", "unknown"
 
 
 class FeatureFlagParams(ActionParams):
     type: Literal["feature_flag"] = "feature_flag"
-    timeout: Duration = Field(180.0, gt=0)  # a run or restore: retries and the canary included
+    timeout: Duration = Field(180.0, gt=0)  # one engage or restore: its retries and the canary included
     http: HttpParams | None = None
     file: FileParams | None = None
-    quiet_period: Duration = Field(300.0, ge=0)  # resolved this long before the flag is restored
+    quiet_period: Duration = Field(300.0, ge=0)  # nothing fired this long before the flag is restored
     canary: CanaryParams | None = None
-    restore_backoff: Duration = Field(300.0, gt=0)  # after a failed restore or canary; doubled
+    restore_backoff: Duration = Field(300.0, gt=0)  # after a canary that saw acceptance still low; doubled
     restore_max_backoff: Duration = Field(3600.0, gt=0)
+    retry_backoff: Duration = Field(10.0, gt=0)  # after a write that failed (either way); doubled
+    retry_max_backoff: Duration = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _one_backend(self) -> FeatureFlagParams:
         if (self.http is None) == (self.file is None):
             raise ValueError("give one backend: `http` (a flag API) or `file` (a flag file)")
+        longest = self.longest_restore()
+        if self.timeout < longest:
+            raise ValueError(
+                f"timeout {format_duration(self.timeout)} cannot hold a restore, which may take "
+                f"{format_duration(longest)}: {self._parts()}; give timeout {format_duration(longest)} "
+                "or more, or shorten those"
+            )
         return self
 
+    def longest_write(self) -> float:
+        backend = self.http if self.http is not None else self.file
+        assert backend is not None
+        return backend.longest_write()
 
-def _empty() -> dict[str, Any]:
-    return {"engaged": False, "since": None, "holders": {}, "failures": 0}
+    def longest_restore(self) -> float:
+        """The most one restore may take: the canary's whole probe, then the write with its retries."""
+        return (self.canary.timeout if self.canary is not None else 0.0) + self.longest_write()
+
+    def _parts(self) -> str:
+        parts = []
+        if self.canary is not None:
+            parts.append(f"the canary's timeout {format_duration(self.canary.timeout)}")
+        if self.http is not None:
+            h = self.http
+            parts.append(
+                f"the flag API's {h.retries + 1} tries of up to {format_duration(h.request_timeout)} "
+                f"(http.retries, http.request_timeout) and the waits between them"
+            )
+        elif self.file is not None and self.file.reload is not None:
+            parts.append(f"the reload command's timeout {format_duration(self.file.reload_timeout)}")
+        return " plus ".join(parts) or "the write"
+
+
+class Drain(Protocol):
+    """An action that engages the flag while its own change is under way (a ladder's restart)."""
+
+    name: str
+
+    async def draining(self, memory: ActionMemory) -> str | None:
+        """Why it holds the flag now (its change under way), or None."""
+        ...
+
+
+def empty() -> dict[str, Any]:
+    return {
+        "state": RESTORED,
+        "engaged": False,
+        "since": None,
+        "holders": {},
+        "failures": 0,
+        "canary_failures": 0,
+        "hold_end": None,
+        "rule_held": False,
+        "spans": [],
+        "held_by": [],
+        "next_try": None,
+    }
+
+
+def record_of(value: Any) -> dict[str, Any]:
+    """The flag's record, a record written by an older specguard (``engaged`` only) read as one."""
+    record = {**empty(), **(value or {})}
+    if not value or "state" not in value:
+        record["state"] = ENGAGED if record.get("engaged") else RESTORED
+    return record
+
+
+def confirmed(record: dict[str, Any], state: str, now: float) -> dict[str, Any]:
+    """``record`` once the flag is known to be ``state`` (engaged, restored or unknown)."""
+    was = record["state"]
+    record["state"] = state
+    record["engaged"] = state == ENGAGED
+    if state == ENGAGED and was != ENGAGED:
+        spans = record.get("spans") or []
+        if not spans or spans[-1].get("restored") is not None:  # an unknown in between is the same span
+            record["spans"] = [*spans, {"engaged": now, "restored": None}][-KEEP_SPANS:]
+            record["since"] = now
+        record["since"] = record.get("since") or now
+    if state == RESTORED and was != RESTORED:
+        spans = record.get("spans") or []
+        if spans and spans[-1].get("restored") is None:
+            spans[-1]["restored"] = now
+        record.update(since=None, hold_end=None, rule_held=False, canary_failures=0)
+    if state != UNKNOWN:
+        record["next_try"] = None
+    return record
 
 
 def holder_of(ctx: ActionContext) -> str:
     """``rule{label="value",...}``: one rule series holding the flag."""
-    labels = ",".join(f'{k}="{v}"' for k, v in sorted(ctx.labels.items()))
-    return f"{ctx.rule}{{{labels}}}"
+    return holder_name(ctx.rule, ctx.labels)
+
+
+def holder_name(rule: str, labels: Any) -> str:
+    shown = ",".join(f'{k}="{v}"' for k, v in sorted(dict(labels).items()))
+    return f"{rule}{{{shown}}}"
 
 
 class FeatureFlagAction(Action):
     type = "feature_flag"
     Params = FeatureFlagParams
     changes_world = True
+    reconciled = True
 
     def __init__(self, name: str, params: ActionParams) -> None:
         super().__init__(name, params)
@@ -76,118 +178,142 @@ class FeatureFlagAction(Action):
             token = read_if_given(params.http.token, f"actions.{name}.http.token")
             backend = HttpBackend(params.http, token)
             self._values = (params.http.engage, params.http.restore)
+            self.read_every = params.http.read_every
         else:
             assert params.file is not None
             backend = FileBackend(params.file)
             self._values = (params.file.engage, params.file.restore)
+            self.read_every = 0.0  # a file is read back on every tick: it costs nothing
         self.backend = backend
         self.canary: Canary | None = None
         if params.canary is not None:
             token = read_if_given(params.canary.token, f"actions.{name}.canary.token")
             self.canary = Canary(params.canary, token)
-        # One change of this flag at a time: an engage must not slip in between a restore's
-        # "no holder left" and its write.
-        self._lock = asyncio.Lock()
+        self.drains: list[Drain] = []  # ladders that engage this flag while they restart vLLM
+        self.clock: Callable[[], float] = time.time
+        # Called when the flag should be looked at now (a ladder's change ended): the dispatcher's.
+        self.wake: Callable[[], None] = lambda: None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """One change of this flag at a time, across reloads: the controller's, a ladder's drain."""
+        return named_lock(f"feature_flag:{self.name}")
 
     @property
     def restore_delay(self) -> float:
         return self.flag.quiet_period
 
-    def _backoff(self, failures: int) -> float:
-        return float(
-            min(self.flag.restore_max_backoff, self.flag.restore_backoff * 2 ** max(0, failures - 1))
-        )
-
-    async def run(self, ctx: ActionContext) -> Outcome:
-        return await self.hold(self.memory(ctx), holder_of(ctx))
+    def _backoff(self, failures: int, first: float, most: float) -> float:
+        return float(min(most, first * 2 ** max(0, failures - 1)))
 
     async def holding(self, memory: ActionMemory) -> Holding:
-        record = await memory.read(STATE_KEY)
-        return Holding(fallback_engaged=bool(record and record.get("engaged")))
+        record = record_of(await memory.read(STATE_KEY))
+        # unknown (a write under way, or one whose outcome is not known) counts as engaged: it may be
+        return Holding(fallback_engaged=record["state"] != RESTORED)
 
-    async def restore(self, ctx: ActionContext) -> Outcome:
-        return await self.release(self.memory(ctx), holder_of(ctx))
+    async def read_world(self) -> str | None:
+        """``engaged`` or ``restored`` as the flag reads now, or None (cannot be read, or neither)."""
+        try:
+            return await self.backend.read(*self._values)
+        except (BackendError, OSError):
+            return None
 
-    async def hold(self, memory: ActionMemory, holder: str) -> Outcome:
-        """``holder`` holds the flag; engaged if it was not (another action's drain uses this)."""
-        async with self._lock:
-            now = time.time()
+    # --- what the controller calls, with ``lock`` held --------------------------------------------
 
-            def hold(record: dict[str, Any] | None) -> dict[str, Any]:
-                record = record or _empty()
-                record["holders"].setdefault(holder, now)
-                return record
+    async def engage(self, memory: ActionMemory) -> Outcome:
+        """Write the flag's engage value and confirm it. Idempotent: writing it again changes
+        nothing a router sees. A failure leaves the state unknown and says when to try again."""
+        now = self.clock()
 
-            record = await memory.update(STATE_KEY, hold)
-            held = len(record["holders"])
-            if record["engaged"]:
-                since = format_duration(round(max(0.0, now - record["since"]))) if record["since"] else "?"
-                return Outcome(True, f"already engaged (for {since}); held by {held} rule series")
-            try:
-                done = await self.backend.set(self._values[0], "engage")
-            except BackendError as exc:
-                return Outcome(False, str(exc))
+        def starting(value: Any) -> dict[str, Any]:
+            record = record_of(value)
+            if record["state"] != ENGAGED:
+                record["state"], record["engaged"] = UNKNOWN, False  # a write under way: not known
+            return record
 
-            def engaged(record: dict[str, Any] | None) -> dict[str, Any]:
-                record = record or _empty()
-                record.update(engaged=True, since=now, failures=0)
-                record["spans"] = [*record.get("spans", []), {"engaged": now, "restored": None}][-KEEP_SPANS:]
-                return record
+        await memory.update(STATE_KEY, starting)
+        try:
+            done = await self.backend.set(self._values[0], "engage")
+        except BackendError as exc:
+            return await self.failed(memory, f"{exc}; the fallback is not known to be engaged")
+        await memory.update(STATE_KEY, lambda v: {**confirmed(record_of(v), ENGAGED, now), "failures": 0})
+        return Outcome(True, f"fallback engaged: {done}")
 
-            await memory.update(STATE_KEY, engaged)
-            return Outcome(True, f"fallback engaged: {done}")
+    async def restore_flag(self, memory: ActionMemory, canary: bool = True) -> Outcome:
+        """Probe the speculative server (``canary``, when configured), then write the flag's restore
+        value and confirm it. A canary that sees acceptance still low keeps the fallback."""
+        record = record_of(await memory.read(STATE_KEY))
+        since = record["since"]
+        checked = ""
+        if self.canary is not None and canary:
+            result = await self.canary.probe()
+            if not result.ok:
 
-    async def release(self, memory: ActionMemory, holder: str, canary: bool = True) -> Outcome:
-        """``holder`` lets go; the flag is restored when no holder is left (after the canary, if
-        there is one and ``canary``)."""
-        async with self._lock:
+                def low(value: Any) -> dict[str, Any]:
+                    record = record_of(value)
+                    record["canary_failures"] = int(record.get("canary_failures", 0)) + 1
+                    return record
 
-            def release(record: dict[str, Any] | None) -> dict[str, Any]:
-                record = record or _empty()
-                record["holders"].pop(holder, None)
-                return record
+                record = await memory.update(STATE_KEY, low)
+                wait = self._backoff(
+                    record["canary_failures"], self.flag.restore_backoff, self.flag.restore_max_backoff
+                )
+                return Outcome(
+                    False,
+                    f"{result.detail}; the fallback stays engaged, next try in {format_duration(round(wait))}",
+                    retry_after=wait,
+                )
+            checked = f" ({result.detail})"
 
-            record = await memory.update(STATE_KEY, release)
-            others = sorted(record["holders"])
-            if others:
-                shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-                return Outcome(True, f"let go; still held by {shown}: the fallback stays engaged")
-            if not record["engaged"]:
-                return Outcome(True, "not engaged: nothing to restore")
-            checked = ""
-            if self.canary is not None and canary:
-                result = await self.canary.probe()
-                if not result.ok:
-                    return await self._failed(memory, result.detail)
-                checked = f" ({result.detail})"
-            try:
-                done = await self.backend.set(self._values[1], "restore")
-            except BackendError as exc:
-                return await self._failed(memory, str(exc))
-            since = record["since"]
+        def starting(value: Any) -> dict[str, Any]:
+            record = record_of(value)
+            if record["state"] != RESTORED:
+                record["state"], record["engaged"] = UNKNOWN, False
+            return record
 
-            def restored(record: dict[str, Any] | None) -> dict[str, Any]:
-                record = record or _empty()
-                record.update(engaged=False, since=None, failures=0)
-                spans = record.get("spans") or []
-                if spans and spans[-1].get("restored") is None:
-                    spans[-1]["restored"] = time.time()
-                return record
+        await memory.update(STATE_KEY, starting)
+        try:
+            done = await self.backend.set(self._values[1], "restore")
+        except BackendError as exc:
+            return await self.failed(memory, f"{exc}; the fallback may still be engaged")
+        now = self.clock()
+        await memory.update(STATE_KEY, lambda v: {**confirmed(record_of(v), RESTORED, now), "failures": 0})
+        lasted = f" after {format_duration(round(max(0.0, now - since)))} engaged" if since else ""
+        return Outcome(True, f"speculative decoding restored{lasted}: {done}{checked}")
 
-            await memory.update(STATE_KEY, restored)
-            lasted = f" after {format_duration(round(time.time() - since))} engaged" if since else ""
-            return Outcome(True, f"speculative decoding restored{lasted}: {done}{checked}")
+    async def failed(self, memory: ActionMemory, why: str) -> Outcome:
+        """A write that failed (or a change cut short): the state unknown, the next try after the
+        write backoff."""
 
-    async def _failed(self, memory: Any, why: str) -> Outcome:
-        def failed(record: dict[str, Any] | None) -> dict[str, Any]:
-            record = record or _empty()
+        def failed(value: Any) -> dict[str, Any]:
+            record = record_of(value)
             record["failures"] = int(record.get("failures", 0)) + 1
+            record["state"], record["engaged"] = UNKNOWN, False
             return record
 
         record = await memory.update(STATE_KEY, failed)
-        wait = self._backoff(record["failures"])
-        return Outcome(
-            False,
-            f"{why}; the fallback stays engaged, next try in {format_duration(round(wait))}",
-            retry_after=wait,
-        )
+        wait = self._backoff(record["failures"], self.flag.retry_backoff, self.flag.retry_max_backoff)
+        return Outcome(False, f"{why}; next try in {format_duration(round(wait))}", retry_after=wait)
+
+    async def later(self, memory: ActionMemory, at: float | None) -> None:
+        """When a change recorded on no event (a drain's) may be tried again (None: now)."""
+        await memory.update(STATE_KEY, lambda v: {**record_of(v), "next_try": at})
+
+    async def engage_for(self, memory: ActionMemory, who: str) -> Outcome:
+        """Engage the flag now for ``who`` (a ladder about to restart vLLM): already engaged and
+        confirmed, nothing is written. Holds the lock."""
+        async with self.lock:
+            record = record_of(await memory.read(STATE_KEY))
+            if record["state"] == ENGAGED:
+                return Outcome(True, f"already engaged; held by {who} until its change is over")
+            return await self.engage(memory)
+
+    # --- the Action interface: a run engages, a restore restores (outside the controller) ---------
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        async with self.lock:
+            return await self.engage(self.memory(ctx))
+
+    async def restore(self, ctx: ActionContext) -> Outcome:
+        async with self.lock:
+            return await self.restore_flag(self.memory(ctx))

@@ -23,6 +23,7 @@ from rules.durations import Duration
 # A body or reason quoted in an outcome is cut to this many characters.
 # The most a retry waits, however many came before it.
 MAX_BACKOFF = 30.0
+READ_LIMIT = 64 * 1024  # a flag's value read back: more than this is not a flag
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -35,6 +36,27 @@ class Backend(Protocol):
         """Set the flag to ``value`` (``what``: engage | restore); returns what was done. Raises
         BackendError."""
         ...
+
+    async def read(self, engage: Any, restore: Any) -> str | None:
+        """What the flag says now, read from the world: ``engaged`` or ``restored`` (it holds
+        ``engage``'s or ``restore``'s value), or None when it cannot be read or holds neither
+        (no way to read configured, a missing file, a value someone else wrote)."""
+        ...
+
+
+def matches(found: Any, value: Any) -> bool:
+    """Whether a value read back holds ``value``: equal, or for a mapping, every key of
+    ``value`` present with an equal value (a flag API may answer more fields than it was sent)."""
+    if isinstance(value, Mapping) and isinstance(found, Mapping):
+        return all(key in found and matches(found[key], item) for key, item in value.items())
+    return bool(found == value)
+
+
+def which(found: Any, engage: Any, restore: Any) -> str | None:
+    engaged, restored = matches(found, engage), matches(found, restore)
+    if engaged == restored:
+        return None
+    return "engaged" if engaged else "restored"
 
 
 # --- http -------------------------------------------------------------------------------------
@@ -55,13 +77,24 @@ class HttpParams(BaseModel):
     retries: int = Field(3, ge=0, le=10)  # after the first attempt
     backoff: Duration = Field(1.0, gt=0)  # before the first retry; doubled for each next one
     token: SecretRef | None = None  # sent as "Authorization: Bearer <token>"
+    # A GET that answers the flag's value as JSON (the same URL, usually): specguard reads the flag
+    # back from it, at most every ``read_every``, and puts it right when it differs from what the
+    # rules want (someone restored it by hand while a rule fires). None: never read back.
+    read_url: str | None = None
+    read_every: Duration = Field(30.0, gt=0)
 
-    @field_validator("url")
+    @field_validator("url", "read_url")
     @classmethod
-    def _url(cls, value: str) -> str:
-        if not re.match(r"https?://[^/\s]+", value):
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"https?://[^/\s]+", value):
             raise ValueError("give an http:// or https:// URL")
         return value
+
+    def longest_write(self) -> float:
+        """The most one change may take: every try waiting its whole ``request_timeout``, and
+        the waits between them."""
+        waits = sum(min(MAX_BACKOFF, self.backoff * 2**attempt) for attempt in range(self.retries))
+        return float((self.retries + 1) * self.request_timeout + waits)
 
     @field_validator("headers")
     @classmethod
@@ -107,6 +140,25 @@ class HttpBackend:
                 last = f"{type(exc).__name__}: {exc}"[:QUOTE] if str(exc) else type(exc).__name__
         raise BackendError(f"{what}: {p.method} {p.url} failed {p.retries + 1} times, last: {last}")
 
+    async def read(self, engage: Any, restore: Any) -> str | None:
+        p = self.params
+        if p.read_url is None:
+            return None
+        headers = dict(p.headers)
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=p.request_timeout)) as session,
+                session.get(p.read_url, headers=headers) as answer,
+            ):
+                if answer.status != 200:
+                    return None
+                body = json.loads((await answer.content.read(READ_LIMIT)).decode("utf-8", "replace"))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return which(body, engage, restore)
+
 
 # --- file -------------------------------------------------------------------------------------
 
@@ -123,6 +175,10 @@ class FileParams(BaseModel):
     restore: dict[str, Any]
     reload: tuple[str, ...] | None = None  # an argument list, run without a shell
     reload_timeout: Duration = Field(30.0, gt=0)
+
+    def longest_write(self) -> float:
+        """The most one change may take: the reload command's timeout, and a second for the file."""
+        return 1.0 + (self.reload_timeout if self.reload is not None else 0.0)
 
     @field_validator("reload", mode="before")
     @classmethod
@@ -194,6 +250,8 @@ class FileBackend:
             if current != text:
                 await asyncio.to_thread(write_atomically, p.path, text)
                 done = f"wrote {p.path}"
+                if await asyncio.to_thread(read_or_none, p.path) != text:  # read back: what a router reads
+                    raise BackendError(f"{what}: {p.path} does not read back as written")
             else:
                 done = f"{p.path} already says so"
         except OSError as exc:
@@ -204,3 +262,17 @@ class FileBackend:
             return f"{done}; {await run_command(p.reload, p.reload_timeout, what)}"
         except CommandError as exc:
             raise BackendError(str(exc)) from None
+
+    async def read(self, engage: Any, restore: Any) -> str | None:
+        p = self.params
+        try:
+            text = await asyncio.to_thread(read_or_none, p.path)
+        except OSError:
+            return None
+        if text is None:
+            return None
+        if text == render(p.kind, engage):
+            return "engaged"
+        if text == render(p.kind, restore):
+            return "restored"
+        return None

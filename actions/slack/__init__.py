@@ -132,6 +132,10 @@ class SlackAction(Action):
             state = state or _empty()
             if ctx.event == "firing":
                 incident = f"{key}|{ctx.event_id}"
+                if incident in state["incidents"]:  # this firing's run, repeated after a crash
+                    said.append(f"already {'posted' if state['incidents'][incident].get('ts') else 'queued'} "
+                                "for this firing: one thread per incident")  # fmt: skip
+                    return state
                 state["incidents"][incident] = {
                     "rule": ctx.rule,
                     "severity": ctx.severity,

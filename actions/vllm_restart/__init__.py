@@ -41,6 +41,7 @@ from actions.vllm_restart.process import StatusCommandWatch, UnitWatch, Watch
 from actions.vllm_restart.server import NotReady, Server
 from common.commands import CommandError, run_command
 from common.files import read_or_none, write_atomically
+from common.locks import named_lock
 from common.paths import ConfigPath
 from common.secrets import SecretRef, read_if_given
 from common.sequential import Decision
@@ -62,8 +63,6 @@ SHOWN_CHANGE = (
     "config_before",
     "config_after",
 )
-# One change of a vLLM at a time, per action name, across config reloads (which build new instances).
-_LOCKS: dict[str, asyncio.Lock] = {}
 
 
 class EnvFile(BaseModel):
@@ -170,7 +169,6 @@ class VllmRestartAction(Action):
             if params.unit is not None
             else tuple(params.command or ())
         )
-        self._lock = _LOCKS.setdefault(name, asyncio.Lock())
         self._drain: FeatureFlagAction | None = None
 
     def connect(self, actions: Mapping[str, Action]) -> None:
@@ -180,11 +178,29 @@ class VllmRestartAction(Action):
         if not isinstance(found, FeatureFlagAction):
             raise ValueError(f"drain: {self.p.drain!r} is not a feature_flag action of this config")
         self._drain = found
+        found.drains.append(self)  # the flag's controller keeps it engaged while draining() says so
 
     @property
     def holder(self) -> str:
-        """How a drain is recorded among the flag's holders."""
+        """How a drain is shown among the flag's holders."""
         return f"vllm_restart:{self.name}"
+
+    async def draining(self, memory: ActionMemory) -> str | None:
+        """Why the drain holds the flag now: a change under way (its journal open), or a rollback
+        that failed (vLLM needs a hand; a step by hand that works lets go). Derived from the
+        journal, so a crash anywhere never leaves the flag held for a change that is over."""
+        state = await memory.read(STATE_KEY) or {}
+        change = state.get("change")
+        if change is not None:
+            return f"k {change['from']} -> {change['to']} under way"
+        if state.get("drain_kept"):
+            return "its last change could not be rolled back: vLLM needs a hand"
+        return None
+
+    @property
+    def _lock(self) -> asyncio.Lock:
+        """One change of a vLLM at a time, across config reloads (which build new instances)."""
+        return named_lock(f"vllm_restart:{self.name}")
 
     @property
     def busy(self) -> bool:
@@ -389,7 +405,7 @@ class VllmRestartAction(Action):
         timings: dict[str, float] = change["timings"]
         drain = self._drain
         if drain is not None and change["phase"] == "write":  # traffic away before anything changes
-            held = await drain.hold(memory.of(drain.name), self.holder)
+            held = await drain.engage_for(memory.of(drain.name), self.holder)
             if not held.ok:
                 detail = f"k {change['from']} -> {change['to']} not started: the drain failed: {held.detail}"
                 return await self._finish(memory, change, False, detail, None)
@@ -452,7 +468,7 @@ class VllmRestartAction(Action):
             )
             if self._drain is not None:
                 detail += "; the drain stays engaged"
-            return await self._finish(memory, change, False, detail, None)
+            return await self._finish(memory, change, False, detail, None, keep_drain=True)
         detail = f"{change.get('why', 'the change failed')}; rolled back to k={change['rollback_k']}: {seen}"
         detail += await self._undrain(memory)
         return await self._finish(
@@ -469,11 +485,12 @@ class VllmRestartAction(Action):
         return outcome
 
     async def _undrain(self, memory: ActionMemory) -> str:
-        """Let go of the drain once vLLM is verified (no canary: the verification was one)."""
+        """The drain lets go once vLLM is verified: the journal closes, and the flag's controller,
+        woken, restores the flag unless a rule holds it (no canary: the verification was one)."""
         if self._drain is None:
             return ""
-        released = await self._drain.release(memory.of(self._drain.name), self.holder, canary=False)
-        return f"; drain {self._drain.name}: {released.detail}"
+        self._drain.wake()
+        return f"; drain {self._drain.name}: let go (restored unless a rule still holds it)"
 
     async def _restart(self) -> None:
         await run_command(self.restart_argv, self.p.command_timeout, "restart")
@@ -505,9 +522,10 @@ class VllmRestartAction(Action):
         detail: str,
         k: int | None,
         running: str | None = None,
+        keep_drain: bool = False,
     ) -> Outcome:
         """Close the journal: ``k`` and the file text ``running`` are what vLLM now runs (verified);
-        None when nothing is known to run. A firing's step records its answer in the same
+        None when nothing is known to run (``keep_drain``: the drain holds on, vLLM needs a hand). A firing's step records its answer in the same
         transaction: a daemon killed just after it finds the step done and answered, never a
         closed journal without an answer, which the firing's repeated run would take as a step
         still to make."""
@@ -525,6 +543,7 @@ class VllmRestartAction(Action):
             if k is not None:
                 s["k"] = k
                 s["good"] = {"text": running, "k": k}
+            s["drain_kept"] = keep_drain or (bool(s.get("drain_kept")) and k is None)
             s["log"] = [*s["log"], entry][-KEEP_LOG:]
             if change["event_id"] is not None:
                 # (journals written before changes had a way were a firing's, stepping down)
@@ -542,6 +561,8 @@ class VllmRestartAction(Action):
 
         await memory.update(STATE_KEY, end, notes)
         (log.info if ok else log.error)("%s", detail)
+        if self._drain is not None:
+            self._drain.wake()  # the journal is closed: the drain no longer holds the flag
         return outcome
 
 

@@ -2,11 +2,15 @@
 
 Only ``firing`` and ``resolved`` events reach actions. A firing runs each of the rule's actions; a
 resolution runs the actions that only tell (``log``, ``slack``) and *restores* the ones that change
-the world (``feature_flag``), once the rule has stayed resolved for the action's quiet period.
-Every decision not to run is recorded with its reason (the guards, ``daemon.dispatch.guards``).
-Runs are written to the store as ``pending`` in the same transaction as the state change, then
-carried out when due; a run interrupted by a crash is carried out after the restart (actions are
-idempotent).
+the world and undo on their own (a ladder with ``step_up_after``), once the rule has stayed
+resolved that long. Every decision not to run now is recorded with its reason (the guards,
+``daemon.dispatch.guards``): skipped for good, or deferred until a silence, a cooldown or the
+budget lets it go, looked at again on every tick. Runs are written to the store as ``pending``
+(or ``deferred``) in the same transaction as the state change, then carried out when due; a run
+interrupted by a crash is carried out after the restart (actions are idempotent).
+
+A feature flag is not run per event: its controller (``daemon.dispatch.controller``) derives what
+it should be from the rules' states on every tick and makes it so, recording its runs itself.
 
 What each action holds in the world (a fallback engaged, vLLM's k) is shown on the daemon's
 ``/metrics``: read from the store when the dispatcher starts serving, again whenever an action's
@@ -17,20 +21,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from actions import Action, ActionContext
 from actions.base import RunOutcome
+from actions.feature_flag import FeatureFlagAction
 from daemon.dispatch import guards
+from daemon.dispatch.controller import Controller, Ended
 from daemon.dispatch.memory import StoreMemory
 from daemon.engine import Event, State
 from daemon.loading import LoadedRule
 from daemon.selfmetrics import DaemonMetrics
-from daemon.store import ActionRun, EventRecord, Guard, PlannedRun, Store
+from daemon.store import (
+    ActionRun,
+    EventRecord,
+    Guard,
+    PlannedRun,
+    RunMode,
+    RunStatus,
+    Store,
+    StoreError,
+    transaction,
+)
 from rules.durations import format_duration
 from rules.templates import render
 
@@ -38,9 +54,10 @@ log = logging.getLogger("specguard.dispatcher")
 
 ACTIONABLE = (State.FIRING, State.RESOLVED)
 TICK_RETRY = 30.0  # seconds before an action's own work that raised is tried again
+STORE_RETRY = 5.0  # seconds before a step the store refused is tried again
 # What specguard_action_runs_total counts runs under. Each action's are exported from 0: a counter
 # that first appears at 1 is an increase Prometheus never sees (increase() over it reads 0).
-RUN_STATUSES = ("ok", "failed", "skipped", "retry")
+RUN_STATUSES = ("ok", "failed", "skipped", "deferred", "retry")
 
 
 def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
@@ -76,9 +93,26 @@ def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
 
 
 class Dispatcher:
-    def __init__(self, store: Store, actions: Mapping[str, Action], dry_run: bool, metrics: DaemonMetrics):
+    def __init__(
+        self,
+        store: Store,
+        actions: Mapping[str, Action],
+        dry_run: bool,
+        metrics: DaemonMetrics,
+        rules: Iterable[LoadedRule] = (),
+        clock: Callable[[], float] | None = None,
+    ):
         self.store = store
         self.metrics = metrics
+        self.clock = clock or store.clock
+        self.rules: dict[str, LoadedRule] = {}
+        self.set_rules(rules)
+        self.controller = Controller(store, self.clock, self._flag_ended)
+        self._next_look: dict[str, float | None] = {}  # when each flag's controller wants to look again
+        self._stopping = False  # quiesce: no step after the one under way
+        self._served = asyncio.Event()  # set once serve has returned
+        # The runs that wait (deferred, or pending until a time), as /api/status shows them.
+        self.waiting: list[dict[str, Any]] = []
         self._actions: dict[str, Action] = {}
         self._holdings_stale: set[str] = set()  # actions whose holding /metrics shows may be old
         self._holdings_due = asyncio.Event()
@@ -108,9 +142,17 @@ class Dispatcher:
         self._holdings_stale.update(self._actions, actions)
         self._actions = dict(actions)
         self._holdings_due.set()
-        for name in self._actions:
+        for name, action in self._actions.items():
             for status in RUN_STATUSES:
                 self.metrics.action_runs.labels(name, status)
+            if isinstance(action, FeatureFlagAction):
+                action.clock = self.clock
+                action.wake = self.wake
+
+    def set_rules(self, rules: Iterable[LoadedRule]) -> None:
+        """The rules as configured now (disabled ones included): which series may hold a flag,
+        and which deferred runs still answer something."""
+        self.rules = {item.name: item for item in rules}
 
     def _memory_changed(self, action: str) -> None:
         self._holdings_stale.add(action)
@@ -146,7 +188,7 @@ class Dispatcher:
 
         def guard(db: Any, event: Event, planned: PlannedRun) -> PlannedRun:
             decided = check(db, event, planned)
-            if decided.status == "skipped":
+            if decided.status in (RunStatus.SKIPPED, RunStatus.DEFERRED):
                 self._held.append((event, decided))  # list.append: one step under the GIL
             return decided
 
@@ -155,8 +197,9 @@ class Dispatcher:
     def _report_held(self) -> None:
         held, self._held = self._held, []
         for event, run in held:
-            log.info("%s %s: not running %s (%s)", event.rule, event.kind.value, run.action, run.reason)
-            self.metrics.action_runs.labels(run.action, "skipped").inc()
+            what = "not running" if run.status == RunStatus.SKIPPED else "not running yet"
+            log.info("%s %s: %s %s (%s)", event.rule, event.kind.value, what, run.action, run.reason)
+            self.metrics.action_runs.labels(run.action, str(run.status)).inc()
 
     def record(self, item: LoadedRule, event: Event) -> EventRecord:
         """Decide what to do about ``event`` (nothing runs yet; the guards have the last word
@@ -166,6 +209,8 @@ class Dispatcher:
         if event.kind in ACTIONABLE:
             for name in item.rule.actions:
                 action = self.actions.get(name)
+                if action is not None and action.reconciled and not (item.rule.shadow or self.dry_run):
+                    continue  # its controller answers every firing from the rules' states
                 if (
                     event.kind is State.RESOLVED
                     and action is not None
@@ -202,13 +247,17 @@ class Dispatcher:
         )
 
     async def run(self, ids: Sequence[int] | None = None) -> None:
-        """Carry out pending runs that are due (``ids``, or every unfinished one)."""
+        """Bring the flags in line with the rules' states, then carry out pending runs that are
+        due (``ids``, or every unfinished one)."""
         self._report_held()
-        for run in await self.store.runs_to_do(ids):
+        await self.reconcile()
+        for run in await self.store.runs_to_do(ids, now=self.clock()):
             if run.id in self._in_flight:
                 continue  # carried out by another caller right now
-            self._in_flight.add(run.id)
             action = self.actions.get(run.action)
+            if action is not None and action.reconciled:
+                continue  # the controller's
+            self._in_flight.add(run.id)
             if action is not None and action.long_running:
                 task = asyncio.get_running_loop().create_task(self._run_aside(run))
                 self._aside.add(task)
@@ -237,8 +286,70 @@ class Dispatcher:
                 await task
 
     def wake(self) -> None:
-        """Look again now: an action was given work of its own (a report to post)."""
+        """Look again now: an action was given work of its own (a report to post), a round was
+        evaluated (a flag may be wanted otherwise), a ladder's change ended."""
         self._due.set()
+
+    async def reconcile(self) -> None:
+        """Each feature flag made what the rules' states say it should be (nothing in a dry run)."""
+        if self.dry_run:
+            return
+        for name, action in list(self.actions.items()):
+            if isinstance(action, FeatureFlagAction):
+                try:
+                    self._next_look[name] = await self.controller.reconcile(action, self.rules)
+                except Exception:  # one flag's trouble must not stop the others, or the loop
+                    log.exception(
+                        "fallback %s: could not be brought in line; tried again in %gs", name, TICK_RETRY
+                    )
+                    self._next_look[name] = self.clock() + TICK_RETRY
+        for gone in set(self._next_look) - set(self.actions):
+            del self._next_look[gone]
+
+    async def recheck(self) -> None:
+        """Deferred runs looked at again: admitted (then carried out), deferred on, or skipped."""
+        now = self.clock()
+
+        def look(db: Any) -> list[guards.Rechecked]:
+            with transaction(db):
+                return guards.recheck(db, self.actions, self.rules, self.dry_run, now)
+
+        for changed in await self.store.call(look):
+            if changed.status == RunStatus.PENDING:
+                log.info("%s: %s may run now (was: %s)", changed.rule, changed.action, changed.reason)
+            elif changed.status == RunStatus.SKIPPED:
+                log.info("%s: not running %s (%s)", changed.rule, changed.action, changed.reason)
+                self.metrics.action_runs.labels(changed.action, "skipped").inc()
+
+    async def step(self) -> None:
+        """One tick of the dispatcher's own: deferrals looked at again, the flags reconciled, due
+        runs carried out, the actions' own work."""
+        await self.recheck()
+        await self.run()
+        await self.tick()
+        self.waiting = await self.store.call(_waiting)
+
+    async def _flag_ended(self, flag: FeatureFlagAction, ended: Ended) -> None:
+        """A flag's change ended (done, or to be tried again): counted, logged, told."""
+        what = "restore" if ended.mode == RunMode.RESTORE else "engage"
+        self.metrics.action_runs.labels(flag.name, ended.status).inc()
+        if ended.status == "ok":
+            log.info("action %s: %s: %s", flag.name, what, ended.detail)
+        else:
+            log.warning("action %s: %s not done yet: %s", flag.name, what, ended.detail)
+        if not ended.run:
+            return
+        run = await self.store.run_of(ended.run)
+        if run is None:
+            return
+        if ended.status == "ok" or ended.first_failure:
+            status = "ok" if ended.status == "ok" else "failed"
+            told = RunOutcome(
+                run.rule, run.series, run.kind, run.action, run.mode, status, ended.detail, self.clock()
+            )
+            await self._tell_observers(told)
+        for observer in self.on_run:
+            observer(run, ended.status, ended.detail)
 
     async def tick(self) -> None:
         """Each action's own due work (a Slack outbox); notes when the next is due."""
@@ -256,7 +367,7 @@ class Dispatcher:
                     due = await action.tick(StoreMemory(self.store, name))
             except Exception:  # one action's trouble must not stop the others, or the loop
                 log.exception("action %s: its own work failed; tried again in %gs", name, TICK_RETRY)
-                due = time.time() + TICK_RETRY
+                due = self.clock() + TICK_RETRY
             if due is not None:
                 upcoming.append(due)
         self._next_tick = min(upcoming, default=None)
@@ -292,8 +403,9 @@ class Dispatcher:
                 log.exception("action %s could not take in how %s ended", name, ended.action)
 
     async def serve(self) -> None:
-        """Carry out runs as they fall due (restores after their quiet period, restores tried
-        again after a failed canary), and the actions' own work; until cancelled."""
+        """Carry out runs as they fall due (restores after their quiet period, retries, deferrals
+        that ended), keep the flags in line, and the actions' own work; until cancelled or
+        ``quiesce``."""
         holdings = asyncio.get_running_loop().create_task(self._show_holdings_when_stale())
         try:
             await self._serve()
@@ -302,20 +414,49 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await holdings
 
+    async def quiesce(self, grace: float) -> None:
+        """Stop serving once the step under way is over (its runs finish), waiting up to ``grace``
+        seconds for it; whatever is cut off after that is still in the store for the next start."""
+        self._stopping = True
+        self._due.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._served.wait()
+
     async def _serve(self) -> None:
-        await self.tick()
-        while True:
+        try:
+            await self._serve_steps()
+        finally:
+            self._served.set()
+
+    async def _step_or_later(self) -> float | None:
+        """A step; when the store cannot be written (a full disk, said by the daemon's rounds), the
+        time to try again, every step being idempotent."""
+        try:
+            await self.step()
+        except StoreError as exc:
+            log.debug("the dispatcher's step waits for the store: %s", exc)
+            return self.clock() + STORE_RETRY
+        return None
+
+    async def _serve_steps(self) -> None:
+        if self._stopping:
+            return
+        retry = await self._step_or_later()
+        while not self._stopping:
             self._due.clear()  # before reading: a run recorded meanwhile wakes the wait below
-            due = await self.store.next_due()
-            soonest = min((t for t in (due, self._next_tick) if t is not None), default=None)
-            wait = None if soonest is None else max(0.0, soonest - time.time())
+            try:
+                due = await self.store.next_due()
+            except StoreError:
+                due = self.clock() + STORE_RETRY
+            wants = [due, retry, self._next_tick, *self._next_look.values()]
+            soonest = min((t for t in wants if t is not None), default=None)
+            wait = None if soonest is None else max(0.0, soonest - self.clock())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._due.wait()
-            if due is not None and time.time() >= due:
-                await self.run()
-            # After a run (its notices to send) or at the time an action asked for.
-            await self.tick()
+            if not self._stopping:
+                retry = await self._step_or_later()
 
     async def _run_one(self, run: ActionRun) -> None:
         if self.dry_run:
@@ -364,7 +505,7 @@ class Dispatcher:
         what = "restore" if run.mode == "restore" else run.kind
         if retry_after is not None:
             # Not done yet (a canary saw acceptance still low): the run waits, and is tried again.
-            await self.store.retry_run(run.id, detail, time.time() + retry_after)
+            await self.store.retry_run(run.id, detail, self.clock() + retry_after)
             self.metrics.action_runs.labels(run.action, "retry").inc()
             log.warning(
                 "action %s for %s %s: not yet, again in %s: %s",
@@ -380,7 +521,7 @@ class Dispatcher:
             return
         await self.store.finish_run(run.id, status, detail)
         self.metrics.action_runs.labels(run.action, status).inc()
-        ended = RunOutcome(run.rule, run.series, run.kind, run.action, run.mode, status, detail, time.time())
+        ended = RunOutcome(run.rule, run.series, run.kind, run.action, run.mode, status, detail, self.clock())
         await self._tell_observers(ended)
         for observer in self.on_run:
             observer(run, status, detail)
@@ -388,3 +529,27 @@ class Dispatcher:
             log.warning("action %s for %s %s failed: %s", run.action, run.rule, what, detail)
         else:
             log.info("action %s for %s %s: %s", run.action, run.rule, what, detail)
+
+
+def _waiting(db: Any) -> list[dict[str, Any]]:
+    """The runs that wait, oldest first: what holds each back and until when."""
+    rows = db.execute(
+        "SELECT r.id, r.action, r.mode, r.status, r.reason, r.detail, r.not_before, r.attempts, e.rule, "
+        "e.labels, e.kind FROM action_runs r JOIN events e ON e.id = r.event_id "
+        "WHERE r.status IN ('deferred', 'pending', 'running') ORDER BY r.id LIMIT 200"
+    ).fetchall()
+    return [
+        {
+            "run": row["id"],
+            "action": row["action"],
+            "mode": row["mode"],
+            "status": row["status"],
+            "rule": row["rule"],
+            "labels": json.loads(row["labels"]),
+            "event": row["kind"],
+            "why": row["reason"] if row["status"] == "deferred" else row["detail"],
+            "until": row["not_before"],
+            "attempts": row["attempts"],
+        }
+        for row in rows
+    ]

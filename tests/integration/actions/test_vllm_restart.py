@@ -493,19 +493,32 @@ async def test_a_firing_steps_down_through_the_daemon_and_ladder_steps_by_hand(t
 async def test_a_drain_holds_the_flag_through_the_restart_and_lets_go_once_verified(
     tmp_path: Path, store: Store
 ) -> None:
+    """The flag is engaged while vLLM restarts; once the step is verified its journal closes and the
+    fallback controller restores the flag, trying again when the write fails (the flag's reload
+    refuses at first) until it is done."""
     from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+    from daemon.dispatch import Dispatcher
+    from daemon.selfmetrics import DaemonMetrics
 
     host = Host(tmp_path, "env")
     host.start()
-    flag_file, seen = tmp_path / "flag.json", tmp_path / "flag-at-restart"
+    flag_file, seen, ready = tmp_path / "flag.json", tmp_path / "flag-at-restart", tmp_path / "router-ready"
+    # the router's reload takes the engaged flag, and refuses the restored one until it is ready
+    reload = [
+        "/bin/sh",
+        "-c",
+        f"grep -q false {shlex.quote(str(flag_file))} || test -e {shlex.quote(str(ready))}",
+    ]
     flag = FeatureFlagAction("fallback", FeatureFlagParams.model_validate(
         {"type": "feature_flag", "file": {"path": str(flag_file), "engage": {"speculative": False},
-                                          "restore": {"speculative": True}}}))  # fmt: skip
+                                          "restore": {"speculative": True}, "reload": reload}}))  # fmt: skip
     # the restart command notes what the router reads at that moment, then restarts
     noting = ["/bin/sh", "-c", f'cat {shlex.quote(str(flag_file))} >> {shlex.quote(str(seen))}; exec "$@"', "sh",
               *host.command]  # fmt: skip
     action = host.action(command=noting, drain="fallback")
     action.connect({"fallback": flag, "shrink": action})
+    now = [time.time()]
+    d = Dispatcher(store, {"fallback": flag}, False, DaemonMetrics(), clock=lambda: now[0])
     try:
         await Server(host.url, None).wait_healthy(30)
         outcome = await action.run(ctx(store, 1))
@@ -513,10 +526,23 @@ async def test_a_drain_holds_the_flag_through_the_restart_and_lets_go_once_verif
         host.stop()
     assert outcome.ok, outcome.detail
     assert json.loads(seen.read_text()) == {"speculative": False}  # drained while vLLM restarted
-    assert json.loads(flag_file.read_text()) == {"speculative": True}  # and back once verified
-    assert "; drain fallback: speculative decoding restored after" in outcome.detail, outcome.detail
-    memory = await StoreMemory(store, "fallback").read("flag")
-    assert memory["engaged"] is False and memory["holders"] == {}
+    assert "; drain fallback: let go (restored unless a rule still holds it)" in outcome.detail, (
+        outcome.detail
+    )
+    assert await action.draining(StoreMemory(store, "shrink")) is None  # the journal is closed
+
+    await d.step()  # the controller: nothing holds the flag, no rule held it: restored, no canary
+    assert json.loads(flag_file.read_text()) == {"speculative": True}
+    record = await StoreMemory(store, "fallback").read("flag")
+    assert record["state"] == "unknown" and record["failures"] == 1  # the reload refused: tried again
+    now[0] += 5
+    await d.step()
+    assert (await StoreMemory(store, "fallback").read("flag"))["failures"] == 1  # not before its backoff
+    ready.touch()
+    now[0] += 6
+    await d.step()
+    record = await StoreMemory(store, "fallback").read("flag")
+    assert (record["state"], record["engaged"], record["holders"]) == ("restored", False, {})
 
     with pytest.raises(ValueError, match="drain: 'oncall' is not a feature_flag action of this config"):
         host.action(drain="oncall").connect({"oncall": action})

@@ -93,7 +93,7 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "flag.json.prev").read_text()) == {"speculative": False}
     with sqlite3.connect(tmp_path / "specguard.db") as db:
         runs = db.execute(
-            "SELECT action, mode, status FROM action_runs WHERE action != 'log' ORDER BY id"
+            "SELECT action, mode, status FROM action_runs WHERE action != 'log' ORDER BY event_id, action"
         ).fetchall()
         notes = [
             row[0] for row in db.execute("SELECT text FROM action_notes WHERE action='oncall' ORDER BY id")

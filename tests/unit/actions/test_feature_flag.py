@@ -265,10 +265,10 @@ async def test_an_unwritable_flag_file_fails_the_run_and_says_why(tmp_path: Path
     assert (await store.memory_read("fallback", "flag"))["engaged"] is False
 
 
-# --- holders ----------------------------------------------------------------------------------
+# --- what is confirmed ------------------------------------------------------------------------
 
 
-async def test_several_series_hold_the_flag_and_the_last_to_let_go_restores_it(
+async def test_an_engage_is_unknown_until_confirmed_and_writing_it_again_changes_nothing(
     tmp_path: Path, store: Store
 ) -> None:
     path = tmp_path / "flags.json"
@@ -279,40 +279,95 @@ async def test_several_series_hold_the_flag_and_the_last_to_let_go_restores_it(
         }
     )
     action = FeatureFlagAction("fallback", params)
-    a, b = context(store, "fallback", "a"), context(store, "fallback", "b", rule="latency")
-    assert (await action.run(a)).detail.startswith("fallback engaged: wrote")
-    assert json.loads(path.read_text()) == {"spec": False}
-    again = await action.run(b)
-    assert again.ok and "already engaged" in again.detail and "held by 2" in again.detail
-    assert (await action.run(a)).ok  # a repeated run (after a crash) holds once
+    memory = StoreMemory(store, "fallback")
+    seen: list[str] = []
 
-    first = await action.restore(a)
-    assert first.ok and 'still held by latency{instance="b"}' in first.detail
-    assert json.loads(path.read_text()) == {"spec": False}
-    last = await action.restore(b)
-    assert last.ok and last.detail.startswith("speculative decoding restored after")
-    assert json.loads(path.read_text()) == {"spec": True}
-    assert (await action.restore(b)).detail == "not engaged: nothing to restore"
+    class Watching(FileBackend):
+        async def set(self, value: Any, what: str) -> str:
+            seen.append(
+                (await store.memory_read("fallback", "flag"))["state"]
+            )  # as a crash here would leave it
+            return await super().set(value, what)
+
+    action.backend = Watching(params.file)  # type: ignore[arg-type]
+    assert (await action.engage(memory)).detail.startswith("fallback engaged: wrote")
+    assert seen == ["unknown"]
+    record = await store.memory_read("fallback", "flag")
+    assert (record["state"], record["engaged"]) == ("engaged", True)
+    assert await action.read_world() == "engaged"
+    again = await action.engage(memory)  # a change repeated after a crash: the same file
+    assert again.ok and "already says so" in again.detail
+    assert len(record["spans"]) == 1 and len((await store.memory_read("fallback", "flag"))["spans"]) == 1
+
+    done = await action.restore_flag(memory)
+    assert done.ok and done.detail.startswith("speculative decoding restored after")
+    assert json.loads(path.read_text()) == {"spec": True} and await action.read_world() == "restored"
+    record = await store.memory_read("fallback", "flag")
+    assert record["state"] == "restored" and record["spans"][0]["restored"] is not None
+    path.write_text('{"spec": "someone else\'s"}')
+    assert await action.read_world() is None  # neither value: not specguard's to interpret
 
 
-async def test_a_failed_restore_keeps_the_fallback_and_asks_to_be_tried_again_later(
+async def test_failed_writes_back_off_doubling_and_a_low_canary_waits_longer(
     api: tuple[FlagApi, str], tmp_path: Path, store: Store
 ) -> None:
     flags, url = api
     action = http_action(url, tmp_path, retries=0)
-    ctx = context(store, "fallback")
-    assert (await action.run(ctx)).ok
-    flags.script = [500, 500]
-    first = await action.restore(ctx)
-    assert not first.ok and first.retry_after == 300.0 and "the fallback stays engaged" in first.detail
-    second = await action.restore(ctx)
-    assert second.retry_after == 600.0  # doubled
-    assert (await store.memory_read("fallback", "flag"))["engaged"] is True
-    flags.script = []
-    assert (await action.restore(ctx)).ok
-    assert [body for _, _, _, body, _ in flags.requests] == [
-        {"speculative": False},
-        {"speculative": True},
-        {"speculative": True},
-        {"speculative": True},
-    ]
+    memory = StoreMemory(store, "fallback")
+    flags.script = [503, 503]
+    first = await action.engage(memory)
+    assert not first.ok and first.retry_after == 10.0 and "not known to be engaged" in first.detail
+    second = await action.engage(memory)
+    assert second.retry_after == 20.0  # doubled
+    assert (await store.memory_read("fallback", "flag"))["state"] == "unknown"
+    assert (await action.engage(memory)).ok
+    record = await store.memory_read("fallback", "flag")
+    assert (record["state"], record["failures"]) == ("engaged", 0)
+    flags.script = [500]
+    failed = await action.restore_flag(memory)
+    assert failed.retry_after == 10.0 and "may still be engaged" in failed.detail
+    assert (await action.restore_flag(memory)).ok
+    assert [body for _, _, _, body, _ in flags.requests] == [{"speculative": False}] * 3 + [
+        {"speculative": True}
+    ] * 2
+
+
+async def test_the_flag_api_is_read_back_when_a_read_url_is_given(
+    api: tuple[FlagApi, str], tmp_path: Path, aiohttp_server: AiohttpServer
+) -> None:
+    answer: dict[str, Any] = {"speculative": False, "updated_by": "router"}
+
+    async def get(request: web.Request) -> web.Response:
+        return web.json_response(answer)
+
+    app = web.Application()
+    app.router.add_get("/flags/speculative", get)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    _, url = api
+    read_url = f"http://127.0.0.1:{server.port}/flags/speculative"
+    assert await http_action(url, tmp_path).read_world() is None  # no read_url: never read back
+    action = http_action(url, tmp_path, read_url=read_url)
+    assert await action.read_world() == "engaged"  # the API may answer more fields than it was sent
+    answer["speculative"] = True
+    assert await action.read_world() == "restored"
+    answer.clear()
+    assert await action.read_world() is None
+
+
+def test_a_timeout_that_cannot_hold_a_restore_is_refused_naming_both(tmp_path: Path) -> None:
+    raw = {
+        "type": "feature_flag",
+        "timeout": "60s",
+        "http": {"url": "http://127.0.0.1:9/f", "retries": 3, "request_timeout": "10s", "backoff": "1s"},
+        "canary": {"url": "http://127.0.0.1:8000", "min_acceptance": 0.5, "timeout": "60s"},
+    }
+    with pytest.raises(ValidationError) as caught:
+        FeatureFlagParams.model_validate(raw)
+    message = str(caught.value)
+    assert "timeout 1m cannot hold a restore, which may take 1m47s" in message
+    assert "the canary's timeout 1m" in message and "the flag API's 4 tries of up to 10s" in message
+    FeatureFlagParams.model_validate({**raw, "timeout": "107s"})  # what it says is enough is enough
+    file_raw = {"type": "feature_flag", "timeout": "20s", "file": {"path": str(tmp_path / "f.json"), "engage": {"s": 0},
+                "restore": {"s": 1}, "reload": ["true"], "reload_timeout": "30s"}}  # fmt: skip
+    with pytest.raises(ValidationError, match="the reload command's timeout 30s"):
+        FeatureFlagParams.model_validate(file_raw)

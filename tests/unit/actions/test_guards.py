@@ -71,7 +71,7 @@ def dispatcher(store: Store, **params: Any) -> Dispatcher:
         "tell": Tell("tell", ActionParams.model_validate({"type": "tell", **params})),
         "switch": Switch("switch", ActionParams.model_validate({"type": "switch", **params})),
     }
-    return Dispatcher(store, actions, False, DaemonMetrics())
+    return Dispatcher(store, actions, False, DaemonMetrics(), rules=[rule(("tell", "switch"))])
 
 
 def rule(actions: tuple[str, ...] = ("tell",)) -> LoadedRule:
@@ -98,62 +98,115 @@ async def runs(store: Store) -> list[tuple[str, str, str]]:
     return [(r["action"], r["status"], r["reason"]) for r in rows]
 
 
-async def test_a_firing_already_acted_on_is_not_acted_on_again(store: Store) -> None:
+async def test_a_world_change_still_standing_is_not_made_again_and_a_new_incident_is_paged(
+    store: Store,
+) -> None:
     d = dispatcher(store)
     now = time.time()
-    await commit(store, d, rule(), event(State.FIRING, now))
-    await commit(store, d, rule(), event(State.FIRING, now + 1))  # the series fired again, unresolved
-    assert [kind for kind, _, _ in Tell.calls] == ["firing"]
-    (first, second) = await runs(store)
-    assert first == ("tell", "ok", "")
-    assert second[1] == "skipped" and second[2].startswith(
+    both = rule(("switch", "tell"))
+    await commit(store, d, both, event(State.FIRING, now))
+    # the series fires again without a resolution: it was forgotten (no data, or its rule removed
+    # and added back) and is a new incident; what the switch changed still stands
+    await commit(store, d, both, event(State.FIRING, now + 1))
+    assert [kind for kind, _, _ in Switch.calls] == ["engage"]
+    assert [kind for kind, _, _ in Tell.calls] == ["firing", "firing"]
+    rows = await runs(store)
+    assert rows[:2] == [("switch", "ok", ""), ("tell", "ok", "")]
+    assert rows[2][1] == "skipped" and rows[2][2].startswith(
         "dedup: this series' firing was acted on already (run 1)"
     )
+    assert rows[3] == ("tell", "ok", "")
     # once resolved, a new firing is acted on
-    await commit(store, d, rule(), event(State.RESOLVED, now + 2))
-    await commit(store, d, rule(), event(State.FIRING, now + 3))
-    assert [kind for kind, _, _ in Tell.calls] == ["firing", "resolved", "firing"]
+    await commit(store, d, both, event(State.RESOLVED, now + 2))
+    await commit(store, d, both, event(State.FIRING, now + 3))
+    assert [kind for kind, _, _ in Tell.calls] == ["firing", "firing", "resolved", "firing"]
 
 
-async def test_cooldown_holds_back_a_flapping_series(store: Store) -> None:
+async def test_cooldown_defers_a_flapping_series_and_a_resolution_ends_the_deferral(store: Store) -> None:
     d = dispatcher(store, cooldown="10m")
     now = time.time()
     await commit(store, d, rule(), event(State.FIRING, now))
     await commit(store, d, rule(), event(State.RESOLVED, now + 60))
-    await commit(store, d, rule(), event(State.FIRING, now + 120))
-    await commit(store, d, rule(), event(State.RESOLVED, now + 180))  # its firing was held back
+    await commit(store, d, rule(), event(State.FIRING, now + 120))  # deferred: the cooldown holds it
+    (*_, deferred) = sorted(await store.action_runs(), key=lambda r: r["id"])
+    assert (deferred["status"], deferred["not_before"]) == ("deferred", pytest.approx(now + 600))
+    assert deferred["reason"] == "cooldown: acted on this series' firing 2m ago; the cooldown is 10m"
+    await commit(store, d, rule(), event(State.RESOLVED, now + 180))  # over before the cooldown ended
     await commit(store, d, rule(), event(State.FIRING, now + 601))  # the cooldown is over
     assert [kind for kind, _, _ in Tell.calls] == ["firing", "resolved", "firing"]
     reasons = [reason for _, status, reason in await runs(store) if status == "skipped"]
     assert reasons == [
-        "cooldown: acted on this series' firing 2m ago; the cooldown is 10m",
+        "the series resolved while held back (cooldown: acted on this series' firing 2m ago; the cooldown "
+        "is 10m): nothing to do",
         "the firing was not acted on: nothing to tell",
     ]
 
 
-async def test_a_budget_counts_every_rule_and_series_and_survives_a_restart(tmp_path: Path) -> None:
+async def test_a_firing_deferred_by_the_cooldown_runs_when_it_ends_if_the_series_still_fires(
+    tmp_path: Path,
+) -> None:
+    clock = Clock(time.time())
+    store = Store(tmp_path / "specguard.db", clock=clock)
+    await store.open()
+    try:
+        d = dispatcher(store, cooldown="10m")
+        start = clock.now
+        await commit(store, d, rule(), event(State.FIRING, start))
+        await commit(store, d, rule(), event(State.RESOLVED, start + 60))
+        clock.now = start + 120
+        await commit(store, d, rule(), event(State.FIRING, start + 120))
+        assert [kind for kind, _, _ in Tell.calls] == ["firing", "resolved"]
+        assert await store.next_due() == pytest.approx(start + 600)
+        clock.now = start + 599
+        await d.step()
+        assert len(Tell.calls) == 2  # not yet
+        clock.now = start + 600
+        await d.step()
+        assert [kind for kind, _, _ in Tell.calls] == ["firing", "resolved", "firing"]
+        (*_, last) = sorted(await store.action_runs(), key=lambda r: r["id"])
+        assert (last["status"], last["admitted"]) == ("ok", start + 600)
+    finally:
+        await store.close()
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_budget_counts_every_rule_and_series_defers_and_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "specguard.db"
-    store = Store(path)
+    clock = Clock(time.time())
+    now = clock.now
+    store = Store(path, clock=clock)
     await store.open()
     d = dispatcher(store, budget={"runs": 2, "per": "1h"})
-    now = time.time()
     series = [f'{{"instance":"h{i}"}}' for i in range(3)]
     # three series fire in one evaluation: the third is over the budget, in the same transaction
     await commit(store, d, rule(), *(event(State.FIRING, now, s) for s in series))
     assert len(Tell.calls) == 2
+    deferred = [r for r in await store.action_runs() if r["status"] == "deferred"]
+    assert [r["reason"] for r in deferred] == [
+        "budget: tell ran 2 times in the last 1h; its budget is 2 per 1h"
+    ]
+    assert deferred[0]["not_before"] == pytest.approx(now + 3600)
     await store.close()
 
-    store = Store(path)  # a restart: the budget is read from the store, not from memory
+    store = Store(path, clock=clock)  # a restart: the budget is read from the store, not from memory
     await store.open()
     try:
         d = dispatcher(store, budget={"runs": 2, "per": "1h"})
-        await commit(store, d, rule(), event(State.FIRING, now + 10, '{"instance":"h9"}'))
-        assert len(Tell.calls) == 2
+        clock.now = now + 10
+        await d.step()
+        assert len(Tell.calls) == 2  # still over the budget
+        clock.now = now + 3600  # the window has room: the third series, still firing, is told now
+        await d.step()
+        assert len(Tell.calls) == 3 and Tell.calls[-1][1] == series[2]
         skipped = [reason for _, status, reason in await runs(store) if status == "skipped"]
-        assert skipped == ["budget: tell ran 2 times in the last 1h; its budget is 2 per 1h"] * 2
-        # an hour later the window has moved on
-        await commit(store, d, rule(), event(State.FIRING, now + 3601, '{"instance":"h8"}'))
-        assert len(Tell.calls) == 3
+        assert skipped == []
     finally:
         await store.close()
 
@@ -299,7 +352,7 @@ async def test_vllm_restart_by_default_restarts_at_most_twice_an_hour_and_once_p
 
     assert await fire('{"instance":"a:8000"}', now - 120) == ("pending", "")
     assert await fire('{"instance":"a:8000"}', now - 100, State.RESOLVED) == ("pending", "")  # no run for it
-    assert await fire('{"instance":"a:8000"}', now - 90) == ("skipped", "cooldown")  # same series, 30 s on
+    assert await fire('{"instance":"a:8000"}', now - 90) == ("deferred", "cooldown")  # same series, 30 s on
     assert await fire('{"instance":"b:8000"}', now - 60) == ("pending", "")
-    assert await fire('{"instance":"c:8000"}', now - 30) == ("skipped", "budget")  # a third in the hour
+    assert await fire('{"instance":"c:8000"}', now - 30) == ("deferred", "budget")  # a third in the hour
     assert len(await store.action_runs()) == 4  # the resolution planned nothing

@@ -72,7 +72,7 @@ async def until(what: str, check: Callable[[], bool], seconds: float = 10.0) -> 
 @contextlib.asynccontextmanager
 async def serving(store: Store, actions: dict[str, Action]) -> AsyncIterator[Dispatcher]:
     """A dispatcher carrying out runs as the daemon's does (its serve loop running)."""
-    d = Dispatcher(store, actions, False, DaemonMetrics())
+    d = Dispatcher(store, actions, False, DaemonMetrics(), rules=[rule()])
     task = asyncio.get_running_loop().create_task(d.serve())
     try:
         yield d
