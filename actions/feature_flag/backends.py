@@ -32,6 +32,10 @@ class BackendError(Exception):
 
 
 class Backend(Protocol):
+    # Whether a value read back is what the router follows: a change whose outcome is unknown is
+    # then confirmed by reading it, rather than written again.
+    confirms: bool
+
     async def set(self, value: Any, what: str) -> str:
         """Set the flag to ``value`` (``what``: engage | restore); returns what was done. Raises
         BackendError."""
@@ -108,6 +112,8 @@ class HttpParams(BaseModel):
 class HttpBackend:
     """Retries connection failures, timeouts, 429 and 5xx with doubling waits; any other answer
     outside ``expect_status`` is a mistake no retry will fix, and fails at once."""
+
+    confirms = True  # the flag service answers what it holds
 
     def __init__(self, params: HttpParams, token: str | None) -> None:
         self.params = params
@@ -241,6 +247,9 @@ def _env_text(item: Any) -> str:
 class FileBackend:
     def __init__(self, params: FileParams) -> None:
         self.params = params
+        # A file that reads restored says nothing of whether its reload command ran (a crash may
+        # have cut it short): with one, a change whose outcome is unknown is made again.
+        self.confirms = params.reload is None
 
     async def set(self, value: Any, what: str) -> str:
         p = self.params

@@ -45,7 +45,7 @@ from common.locks import named_lock
 from common.paths import ConfigPath
 from common.secrets import SecretRef, read_if_given
 from common.sequential import Decision
-from rules.durations import Duration
+from rules.durations import Duration, format_duration
 
 log = logging.getLogger("specguard.action.vllm_restart")
 
@@ -144,6 +144,15 @@ class VllmRestartParams(ActionParams):
             raise ValueError("say how vLLM is restarted: `unit` (systemctl) or `command`, one")
         if self.status_command is not None and self.unit is not None:
             raise ValueError("status_command goes with `command`; with `unit`, systemd says how the unit is")
+        # A step that fails is rolled back within the same timeout: two restarts and two waits.
+        longest = 2 * (self.command_timeout + self.health_timeout)
+        if self.timeout < longest:
+            raise ValueError(
+                f"timeout {format_duration(self.timeout)} cannot hold a step and its rollback, which may take "
+                f"{format_duration(longest)}: twice command_timeout {format_duration(self.command_timeout)} plus "
+                f"health_timeout {format_duration(self.health_timeout)}; give timeout {format_duration(longest)} "
+                "or more, or shorten those"
+            )
         return self
 
 

@@ -540,11 +540,16 @@ def _detector_line(d: Mapping[str, Any]) -> str:
 
 
 def _run_cell(run: dict[str, Any]) -> str:
-    """``fallback:ok``, ``fallback(restore):pending``, ``log:skipped (cooldown)``."""
-    name = run["action"] + ("(restore)" if run.get("mode") == "restore" else "")
+    """``fallback:ok``, ``fallback(restore):pending``, ``fallback(hold):ok``, ``log:skipped
+    (cooldown)``, ``oncall:deferred (silenced until 14:03:00)``."""
+    mode = run.get("mode")
+    name = run["action"] + (f"({mode})" if mode in ("restore", "hold") else "")
     cell = f"{name}:{run['status']}"
-    if run["status"] == "skipped" and run.get("reason"):
-        cell += f" ({run['reason'].split(':')[0]})"
+    if run["status"] in ("skipped", "deferred") and run.get("reason"):
+        cell += f" ({run['reason'].split(':')[0]}"
+        if run["status"] == "deferred" and run.get("not_before") is not None:
+            cell += f" until {time.strftime('%H:%M:%S', time.gmtime(run['not_before']))}"
+        cell += ")"
     return cell
 
 

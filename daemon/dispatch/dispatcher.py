@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -32,6 +31,7 @@ from actions.base import RunOutcome
 from actions.feature_flag import FeatureFlagAction
 from daemon.dispatch import guards
 from daemon.dispatch.controller import Controller, Ended
+from daemon.dispatch.describe import describe, waiting
 from daemon.dispatch.memory import StoreMemory
 from daemon.engine import Event, State
 from daemon.loading import LoadedRule
@@ -48,7 +48,6 @@ from daemon.store import (
     transaction,
 )
 from rules.durations import format_duration
-from rules.templates import render
 
 log = logging.getLogger("specguard.dispatcher")
 
@@ -58,38 +57,6 @@ STORE_RETRY = 5.0  # seconds before a step the store refused is tried again
 # What specguard_action_runs_total counts runs under. Each action's are exported from 0: a counter
 # that first appears at 1 is an increase Prometheus never sees (increase() over it reads 0).
 RUN_STATUSES = ("ok", "failed", "skipped", "deferred", "retry")
-
-
-def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
-    """The event's summary and rendered annotations."""
-    rule = item.rule
-    fields = {
-        "threshold": event.threshold,
-        "rule": rule.name,
-        "signal": rule.signal or ("alerts" if rule.alert_only else "expr"),
-        "severity": rule.severity.value,
-        "state": event.kind.value,
-    }
-    annotations = {}
-    for key, template in rule.annotations.items():
-        try:
-            annotations[key] = render(template, labels=event.labels, value=event.value, **fields)
-        except ValueError as exc:
-            annotations[key] = template
-            log.warning("rule %s: annotation %s: %s", rule.name, key, exc)
-    summary = annotations.get("summary")
-    if summary is None:
-        where = ", ".join(f"{k}={v}" for k, v in sorted(event.labels.items())) or "all series"
-        value = "no data" if event.value is None else f"{event.value:.4g}"
-        if rule.alert is not None and rule.alert_only:
-            matchers = ", ".join(str(m) for m in rule.alert.matchers)
-            summary = f"{value} Alertmanager alert(s) {{{matchers}}} firing on {where}"
-        elif rule.detect is not None:
-            h = "?" if event.threshold is None else f"{event.threshold:.4g}"
-            summary = f"{rule.detect.describe()}: G = {value} of h = {h} on {where}"
-        else:
-            summary = f"{rule.signal or 'expr'} = {value} ({rule.test}) on {where}"
-    return summary, annotations
 
 
 class Dispatcher:
@@ -327,7 +294,7 @@ class Dispatcher:
         await self.recheck()
         await self.run()
         await self.tick()
-        self.waiting = await self.store.call(_waiting)
+        self.waiting = await self.store.call(waiting)
 
     async def _flag_ended(self, flag: FeatureFlagAction, ended: Ended) -> None:
         """A flag's change ended (done, or to be tried again): counted, logged, told."""
@@ -529,27 +496,3 @@ class Dispatcher:
             log.warning("action %s for %s %s failed: %s", run.action, run.rule, what, detail)
         else:
             log.info("action %s for %s %s: %s", run.action, run.rule, what, detail)
-
-
-def _waiting(db: Any) -> list[dict[str, Any]]:
-    """The runs that wait, oldest first: what holds each back and until when."""
-    rows = db.execute(
-        "SELECT r.id, r.action, r.mode, r.status, r.reason, r.detail, r.not_before, r.attempts, e.rule, "
-        "e.labels, e.kind FROM action_runs r JOIN events e ON e.id = r.event_id "
-        "WHERE r.status IN ('deferred', 'pending', 'running') ORDER BY r.id LIMIT 200"
-    ).fetchall()
-    return [
-        {
-            "run": row["id"],
-            "action": row["action"],
-            "mode": row["mode"],
-            "status": row["status"],
-            "rule": row["rule"],
-            "labels": json.loads(row["labels"]),
-            "event": row["kind"],
-            "why": row["reason"] if row["status"] == "deferred" else row["detail"],
-            "until": row["not_before"],
-            "attempts": row["attempts"],
-        }
-        for row in rows
-    ]

@@ -225,7 +225,9 @@ def plan(
         record = _read_record(db, name)
         result = Plan(Desire("alone", ""))
         if world is not None and world != record["state"]:
-            result.changed.append(_seen(record, world, now))
+            seen = _seen(record, world, now, flag.backend.confirms)
+            if seen is not None:
+                result.changed.append(seen)
         firing = read_firing(db, eligible_rules(rules, name), now)
         desire = result.desire = decide(firing, drains, record, flag.flag.quiet_period, now)
         current = {f.event: f for f in firing}
@@ -298,15 +300,25 @@ def _due(run: Run, now: float) -> bool:
     return run.status == RunStatus.RUNNING or run.not_before is None or run.not_before <= now
 
 
-def _seen(record: dict[str, Any], world: str, now: float) -> str:
-    """The record once the flag was read back from the world as ``world``."""
-    was = record["state"]
-    if was == RESTORED and world == ENGAGED:
-        return "the flag reads engaged, but specguard did not engage it: left as it is"
-    confirmed(record, world, now)
+def _seen(record: dict[str, Any], world: str, now: float, confirms: bool) -> str | None:
+    """The record once the flag was read back from the world as ``world`` (which differs from what
+    was confirmed); what to say of it, once. ``confirms``: a value read back is what the router
+    follows (not so for a file whose reload command may not have run)."""
+    was, last = record["state"], record.get("seen")
+    record["seen"] = world
     if was == UNKNOWN:
+        if not confirms:
+            return None  # written again, its reload command with it
+        confirmed(record, world, now)
         return f"the flag reads {world}: confirmed"
-    return f"the flag reads {world}, not {was} as specguard left it (changed by hand?): put right"
+    if was == RESTORED:  # engaged, and not by specguard: not ours to undo
+        return (
+            None
+            if last == world
+            else "the flag reads engaged, but specguard did not engage it: left as it is"
+        )
+    confirmed(record, world, now)
+    return f"the flag reads {world}, not {was} as specguard left it (changed by hand?): put right if it should not be"
 
 
 def _hold(

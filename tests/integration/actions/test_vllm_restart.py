@@ -403,6 +403,12 @@ def test_bad_params_are_refused_with_the_reason(tmp_path: Path) -> None:
         VllmRestartParams.model_validate(
             {**base, "ladder": [2, 0], "env_file": None, "vllm_config": {"path": str(tmp_path / "v.json")}}
         )
+    with pytest.raises(ValidationError) as caught:  # the step and its rollback must fit in the timeout
+        VllmRestartParams.model_validate(
+            {**base, "ladder": [2, 0], "timeout": "20m", "health_timeout": "10m"}
+        )
+    assert "timeout 20m cannot hold a step and its rollback, which may take 24m: twice command_timeout 2m plus " \
+        "health_timeout 10m" in str(caught.value)  # fmt: skip
     params = VllmRestartParams.model_validate({**base, "ladder": [5, 3, 1, 0]})
     assert (params.cooldown, params.budget and (params.budget.runs, params.budget.per)) == (
         600.0,

@@ -89,6 +89,8 @@ class FlagWorld:
 
 
 class FakeBackend:
+    confirms = True
+
     def __init__(self, world: FlagWorld, engage: Any, restore: Any) -> None:
         self.world = world
         self.values = {
