@@ -223,9 +223,11 @@ async def opened(path: Path) -> AsyncIterator[Store]:
 class Store:
     """Async facade over one SQLite database file, used from the event loop."""
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time):
+    def __init__(self, path: Path, clock: Callable[[], float] | None = None):
         self.path = path
-        self.clock = clock  # what the times it writes are read from (a test's fake clock)
+        # What the times it writes are read from: a test's fake clock, or time.time as it is when
+        # called (a test may put its own in its place).
+        self.clock: Callable[[], float] = clock or (lambda: time.time())
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specguard-store")
         self._db: sqlite3.Connection | None = None
         # A second connection to the same file for bookkeeping whose commits need not be synced on

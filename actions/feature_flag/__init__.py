@@ -190,7 +190,7 @@ class FeatureFlagAction(Action):
             token = read_if_given(params.canary.token, f"actions.{name}.canary.token")
             self.canary = Canary(params.canary, token)
         self.drains: list[Drain] = []  # ladders that engage this flag while they restart vLLM
-        self.clock: Callable[[], float] = time.time
+        self.clock: Callable[[], float] = lambda: time.time()  # the dispatcher gives its own
         # Called when the flag should be looked at now (a ladder's change ended): the dispatcher's.
         self.wake: Callable[[], None] = lambda: None
 

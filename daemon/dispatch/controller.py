@@ -47,8 +47,11 @@ class Controller:
         self._read_at: dict[str, float] = {}  # when each flag was last read back from the world
         self.shown: dict[str, dict[str, object]] = {}  # each flag's last plan, for /api/status
 
-    async def reconcile(self, flag: FeatureFlagAction, rules: Mapping[str, LoadedRule]) -> float | None:
-        """One look at ``flag``; returns when it wants the next (a deferral's end, a retry)."""
+    async def reconcile(
+        self, flag: FeatureFlagAction, rules: Mapping[str, LoadedRule]
+    ) -> tuple[float | None, bool]:
+        """One look at ``flag``; returns when it wants the next (a deferral's end, a retry, a
+        quiet period's end), and whether it changed the world (then it looks again at once)."""
         async with flag.lock:
             now = self.clock()
             drains = []
@@ -71,13 +74,13 @@ class Controller:
             }
             if plan.carry_out is not None:
                 await self._carry_out(flag, plan.carry_out, plan.desire)
-                return self.clock()  # look again at once: the next step may be due
+                return None, True
             wants = [plan.next_look]
             if flag.read_every > 0:
                 wants.append(
                     self._read_at[flag.name] + flag.read_every if flag.name in self._read_at else now
                 )
-            return min((t for t in wants if t is not None), default=None)
+            return min((t for t in wants if t is not None), default=None), False
 
     async def _carry_out(self, flag: FeatureFlagAction, run: fallback.Run, desire: fallback.Desire) -> None:
         memory = StoreMemory(self.store, flag.name)

@@ -76,6 +76,8 @@ class Dispatcher:
         self.set_rules(rules)
         self.controller = Controller(store, self.clock, self._flag_ended)
         self._next_look: dict[str, float | None] = {}  # when each flag's controller wants to look again
+        self._flag_tasks: dict[str, asyncio.Task[None]] = {}  # each flag's controller, at work aside
+        self._flag_again: set[str] = set()  # flags to look at once more when their look is over
         self._stopping = False  # quiesce: no step after the one under way
         self._served = asyncio.Event()  # set once serve has returned
         # The runs that wait (deferred, or pending until a time), as /api/status shows them.
@@ -217,7 +219,7 @@ class Dispatcher:
         """Bring the flags in line with the rules' states, then carry out pending runs that are
         due (``ids``, or every unfinished one)."""
         self._report_held()
-        await self.reconcile()
+        self.reconcile()
         for run in await self.store.runs_to_do(ids, now=self.clock()):
             if run.id in self._in_flight:
                 continue  # carried out by another caller right now
@@ -246,9 +248,10 @@ class Dispatcher:
     async def stop(self) -> None:
         """Cancel the long runs carried out aside: they stay 'running' in the store and are
         carried out again (the action resumes its journal) at the next start."""
-        for task in list(self._aside):
+        tasks = [*self._aside, *self._flag_tasks.values()]  # a flag cut short is 'unknown': done again
+        for task in tasks:
             task.cancel()
-        for task in list(self._aside):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
@@ -257,21 +260,54 @@ class Dispatcher:
         evaluated (a flag may be wanted otherwise), a ladder's change ended."""
         self._due.set()
 
-    async def reconcile(self) -> None:
-        """Each feature flag made what the rules' states say it should be (nothing in a dry run)."""
+    def reconcile(self) -> None:
+        """Each feature flag made what the rules' states say it should be (nothing in a dry run),
+        beside the rest: a slow flag API, a reload command or a canary never holds an evaluation
+        round, a notice or another flag back. A flag looked at already is looked at once more
+        when it is done, so that no state it has not seen is missed."""
         if self.dry_run:
             return
         for name, action in list(self.actions.items()):
-            if isinstance(action, FeatureFlagAction):
-                try:
-                    self._next_look[name] = await self.controller.reconcile(action, self.rules)
-                except Exception:  # one flag's trouble must not stop the others, or the loop
-                    log.exception(
-                        "fallback %s: could not be brought in line; tried again in %gs", name, TICK_RETRY
-                    )
-                    self._next_look[name] = self.clock() + TICK_RETRY
+            if not isinstance(action, FeatureFlagAction):
+                continue
+            if name in self._flag_tasks:
+                self._flag_again.add(name)
+                continue
+            task = asyncio.get_running_loop().create_task(self._reconcile_flag(name))
+            self._flag_tasks[name] = task
+            task.add_done_callback(partial(self._flag_done, name))
         for gone in set(self._next_look) - set(self.actions):
             del self._next_look[gone]
+
+    def _flag_done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._flag_tasks.get(name) is task:
+            del self._flag_tasks[name]
+
+    async def _reconcile_flag(self, name: str) -> None:
+        while True:
+            self._flag_again.discard(name)
+            action = self.actions.get(name)
+            if not isinstance(action, FeatureFlagAction):
+                return
+            acted = False
+            try:
+                look, acted = await self.controller.reconcile(action, self.rules)
+            except StoreError as exc:
+                log.debug("fallback %s waits for the store: %s", name, exc)
+                look = self.clock() + STORE_RETRY
+            except Exception:  # one flag's trouble must not stop the others, or the loop
+                log.exception("fallback %s: could not be brought in line; tried again in %gs", name, TICK_RETRY)
+                look = self.clock() + TICK_RETRY
+            self._next_look[name] = look
+            # After a change the next may be due at once (a restore planned once an engage is done).
+            if not (acted or name in self._flag_again) or self._stopping:
+                break
+        self._due.set()  # the serve loop waits for the flag's next look
+
+    async def settled(self) -> None:
+        """Wait until every flag's controller has looked at what was there when this was called."""
+        while self._flag_tasks:
+            await asyncio.gather(*list(self._flag_tasks.values()), return_exceptions=True)
 
     async def recheck(self) -> None:
         """Deferred runs looked at again: admitted (then carried out), deferred on, or skipped."""
@@ -288,11 +324,14 @@ class Dispatcher:
                 log.info("%s: not running %s (%s)", changed.rule, changed.action, changed.reason)
                 self.metrics.action_runs.labels(changed.action, "skipped").inc()
 
-    async def step(self) -> None:
+    async def step(self, settle: bool = True) -> None:
         """One tick of the dispatcher's own: deferrals looked at again, the flags reconciled, due
-        runs carried out, the actions' own work."""
+        runs carried out, the actions' own work. ``settle``: also wait for the flags' controllers
+        (a test's tick; the serve loop does not wait for them)."""
         await self.recheck()
         await self.run()
+        if settle:
+            await self.settled()
         await self.tick()
         self.waiting = await self.store.call(waiting)
 
@@ -389,6 +428,7 @@ class Dispatcher:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self._served.wait()
+                await self.settled()  # a flag's change under way finishes, or is cut off at ``grace``
 
     async def _serve(self) -> None:
         try:
@@ -400,7 +440,7 @@ class Dispatcher:
         """A step; when the store cannot be written (a full disk, said by the daemon's rounds), the
         time to try again, every step being idempotent."""
         try:
-            await self.step()
+            await self.step(settle=False)
         except StoreError as exc:
             log.debug("the dispatcher's step waits for the store: %s", exc)
             return self.clock() + STORE_RETRY

@@ -288,11 +288,13 @@ def plan(
         )
         _write_record(db, name, record, now)
         waits = [r.not_before for r in _open_runs(db, name) if r.not_before is not None]
-        if result.carry_out is None and desire.want == RESTORED and desire.restore_at is not None:
-            waits.append(desire.restore_at)
-        if result.carry_out is None and record.get("next_try") is not None and desire.want != "alone":
+        if result.carry_out is None and desire.want == RESTORED and not any(
+            r.mode == RunMode.RESTORE for r in _open_runs(db, name)
+        ):  # a restore recorded on no event (a drain's), waiting for its time
+            waits.append(max(desire.restore_at or now, float(record.get("next_try") or now)))
+        if result.carry_out is None and desire.want == ENGAGED and record.get("next_try") is not None:
             waits.append(float(record["next_try"]))
-        result.next_look = min(waits, default=None)
+        result.next_look = min((t for t in waits if t > now), default=None)
     return result
 
 
@@ -341,7 +343,7 @@ def _hold(
                 finished=now)  # fmt: skip
     else:
         _set(db, row[0], status=RunStatus.OK, mode=RunMode.HOLD, detail=detail, started=now, finished=now,
-             not_before=None)  # fmt: skip
+             not_before=None, reason="")  # fmt: skip
 
 
 def _admit(

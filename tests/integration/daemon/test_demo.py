@@ -115,8 +115,9 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
          "--rule", "acceptance_fallback"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    assert re.search(r"firing -> resolved +schedule +log:ok, fallback\(restore\):ok, oncall:ok", shown), shown
-    assert re.search(r"pending -> firing +schedule +log:ok, fallback:ok, oncall:ok", shown), shown
+    # in the order they were decided: the notices with the event, the flag by its controller after it
+    assert re.search(r"firing -> resolved +schedule +log:ok, oncall:ok, fallback\(restore\):ok", shown), shown
+    assert re.search(r"pending -> firing +schedule +log:ok, oncall:ok, fallback:ok", shown), shown
     assert re.search(rf"^ +\d\d:\d\d:\d\d oncall: notice 1 posted to {CHANNEL} \(ts ", shown, re.M), shown
 
     # The report of the demo's minutes, from the history the daemon recorded at each scrape of the

@@ -649,3 +649,87 @@ BudgetedConvergence.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 TestBudgetedConvergence = BudgetedConvergence.TestCase
+
+
+# The sequences the state machine found on the dispatcher before the fallback was reconciled (each
+# broke the invariant named), kept as explicit examples: they must hold on every change after.
+
+
+class _Drawn:
+    """A ``data`` argument that draws what it was given."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def draw(self, strategy: Any) -> Any:
+        return self.value
+
+
+def replay(*steps: tuple[str, dict[str, Any]]) -> None:
+    machine = Convergence()
+    try:
+        machine.start()
+        for name, arguments in steps:
+            getattr(machine, name)(**arguments)
+            machine.the_flag_is_as_it_should_be()
+            machine.one_thread_per_incident()
+            machine.each_incident_is_paged_once_it_may_be()
+    finally:
+        machine.teardown()
+
+
+def test_a_firing_under_a_silence_is_acted_on_once_the_silence_is_expired() -> None:
+    """I1 broke: the firing's run was skipped 'silenced', and the flag never engaged."""
+    replay(
+        ("silence", {"name": "alpha", "minutes": 1}),
+        ("fire", {"name": "alpha", "instance": "h1"}),
+        ("expire_silence", {}),
+        ("restart", {}),
+        ("wait", {"ticks": 17}),
+    )
+
+
+def test_a_failed_engage_is_tried_again_once_the_flag_api_answers() -> None:
+    """I1 broke: the engage failed while the API was down, and was never tried again."""
+    replay(
+        ("flag_api", {"mode": "down"}),
+        ("fire", {"name": "alpha", "instance": "h1"}),
+        ("flag_api", {"mode": "up"}),
+        ("wait", {"ticks": 4}),
+    )
+
+
+def test_a_series_that_fired_silenced_holds_the_flag_when_another_lets_go() -> None:
+    """I2 broke: alpha fired under a silence and never became a holder; beta's resolution restored
+    the flag while alpha fired."""
+    replay(
+        ("silence", {"name": "alpha", "minutes": 1}),
+        ("fire", {"name": "alpha", "instance": "h1"}),
+        ("expire_silence", {}),
+        ("fire", {"name": "beta", "instance": "h1"}),
+        ("resolve", {"data": _Drawn(("beta", "h1"))}),
+        ("wait", {"ticks": 3}),
+    )
+
+
+def test_firing_again_under_a_silence_in_the_quiet_period_calls_the_restore_off() -> None:
+    """I2 broke: the silence held the firing back before the pending restore was called off."""
+    replay(
+        ("fire", {"name": "alpha", "instance": "h1"}),
+        ("resolve", {"data": _Drawn(("alpha", "h1"))}),
+        ("silence", {"name": "alpha", "minutes": 1}),
+        ("fire", {"name": "alpha", "instance": "h1"}),
+        ("wait", {"ticks": 6}),
+    )
+
+
+def test_a_slack_run_repeated_after_a_kill_keeps_one_thread() -> None:
+    """I3/I4 broke: the process died after the notice was queued and before its run was marked
+    done; the repeated run queued a second top-level message. (The kill lands at the transaction
+    after the queueing: the 6th then, the 8th since the flag's controller writes its own.)"""
+    replay(
+        ("reload", {"variant": "no_fallback"}),
+        ("kill_at_a_store_transaction", {"transactions": 7}),
+        ("fire", {"name": "beta", "instance": "h1"}),
+        ("wait", {"ticks": 1}),
+    )

@@ -137,7 +137,7 @@ async def test_a_flag_held_outside_the_dispatcher_shows_at_once(store: Store, tm
     async with serving(store, {"fallback": action}) as d:
         await until("a flag never engaged reads 0", lambda: engaged(d) == 0)
         # As a vllm_restart's drain holds it: through the flag's memory, not through a run of its own.
-        outcome = await action.hold(StoreMemory(store, "fallback"), "vllm_restart:fewer-tokens")
+        outcome = await action.engage_for(StoreMemory(store, "fallback"), "vllm_restart:fewer-tokens")
         assert outcome.ok, outcome.detail
         await until("the drained flag reads 1", lambda: engaged(d) == 1)
 
