@@ -296,7 +296,9 @@ class Dispatcher:
                 log.debug("fallback %s waits for the store: %s", name, exc)
                 look = self.clock() + STORE_RETRY
             except Exception:  # one flag's trouble must not stop the others, or the loop
-                log.exception("fallback %s: could not be brought in line; tried again in %gs", name, TICK_RETRY)
+                log.exception(
+                    "fallback %s: could not be brought in line; tried again in %gs", name, TICK_RETRY
+                )
                 look = self.clock() + TICK_RETRY
             self._next_look[name] = look
             # After a change the next may be due at once (a restore planned once an engage is done).

@@ -288,8 +288,10 @@ def plan(
         )
         _write_record(db, name, record, now)
         waits = [r.not_before for r in _open_runs(db, name) if r.not_before is not None]
-        if result.carry_out is None and desire.want == RESTORED and not any(
-            r.mode == RunMode.RESTORE for r in _open_runs(db, name)
+        if (
+            result.carry_out is None
+            and desire.want == RESTORED
+            and not any(r.mode == RunMode.RESTORE for r in _open_runs(db, name))
         ):  # a restore recorded on no event (a drain's), waiting for its time
             waits.append(max(desire.restore_at or now, float(record.get("next_try") or now)))
         if result.carry_out is None and desire.want == ENGAGED and record.get("next_try") is not None:
