@@ -216,11 +216,12 @@ class DemoRun:
         if event.rule == FALLBACK_RULE and event.kind.value in ("firing", "resolved"):
             self.mark(f"rule {event.kind.value}")
         for run in record.runs:
-            if run.status == "skipped":
-                t.detail(f"action {run.action}: skipped ({run.reason})", "dim")
-            elif run.mode == "restore":
-                t.detail(f"action {run.action} (restore): once resolved for "
-                         f"{format_duration(self.timeline.quiet_period)}, and the canary agrees", "dim")  # fmt: skip
+            if run.status in ("skipped", "deferred"):
+                t.detail(f"action {run.action}: {run.status} ({run.reason})", "dim")
+        if event.rule == FALLBACK_RULE and event.kind.value == "resolved":
+            # the flag's controller restores it once nothing has fired for its quiet period
+            t.detail(f"action fallback (restore): once nothing fires for "
+                     f"{format_duration(self.timeline.quiet_period)}, and the canary agrees", "dim")  # fmt: skip
 
     def on_run(self, run: ActionRun, status: str, detail: str) -> None:
         name = run.action + (" (restore)" if run.mode == "restore" else "")

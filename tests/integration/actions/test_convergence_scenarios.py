@@ -192,8 +192,22 @@ async def test_a_firing_under_a_silence_engages_the_flag_and_pages_once_when_the
             assert (run["status"], run["not_before"]) == ("deferred", silence.ends)
             assert run["reason"].startswith(f"silenced: by silence {silence.id} until ")
         assert not engaged(tmp_path) and slack.posted() == []
+        # /api/status says what waits and why, and what the flag should be
+        await until("the status shows both waiting", lambda: len(daemon.status()["waiting"]) == 2)
+        waiting = {w["action"]: w for w in daemon.status()["waiting"]}
+        assert {name: (w["status"], w["until"], w["rule"]) for name, w in waiting.items()} == {
+            "fallback": ("deferred", silence.ends, "collapse"),
+            "oncall": ("deferred", silence.ends, "collapse"),
+        }
+        assert waiting["oncall"]["why"].startswith(f"silenced: by silence {silence.id} until ")
+        shown = daemon.status()["fallbacks"]["fallback"]
+        assert (shown["should_be"], shown["holders"]) == ("alone", ['collapse{instance="vllm-a:8000"}'])
         await until("the flag is engaged once the silence ends", lambda: engaged(tmp_path))
         await until("its run is recorded", lambda: runs(daemon)[0]["status"] == "ok")
+        await until(
+            "the status says so", lambda: daemon.status()["fallbacks"]["fallback"]["should_be"] == "engaged"
+        )
+        assert daemon.status()["fallbacks"]["fallback"]["why"] == 'held by collapse{instance="vllm-a:8000"}'
         (engage,) = runs(daemon)
         assert (engage["mode"], engage["status"]) == ("run", "ok") and engage["started"] >= silence.ends
 

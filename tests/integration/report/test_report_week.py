@@ -161,6 +161,7 @@ async def _play(tmp: Path, clock: Clock) -> dict[str, Any]:
         if minute >= MONDAY:
             await daemon.evaluate_round()
             await daemon.dispatcher.run()  # restores whose quiet period is over
+            await daemon.dispatcher.settled()  # the flag's controller, at work aside: done at this minute
             flag = tmp / "flag.json"
             if flag.exists():
                 speculative = json.loads(flag.read_text())["speculative"]
