@@ -307,9 +307,16 @@ class Dispatcher:
         self._due.set()  # the serve loop waits for the flag's next look
 
     async def settled(self) -> None:
-        """Wait until every flag's controller has looked at what was there when this was called."""
+        """Wait until every flag's controller has looked at what was there when this was called.
+        What ended a controller's task that is not an error of its own (the process being stopped
+        by a BaseException) goes on to the caller."""
         while self._flag_tasks:
-            await asyncio.gather(*list(self._flag_tasks.values()), return_exceptions=True)
+            ended = await asyncio.gather(*list(self._flag_tasks.values()), return_exceptions=True)
+            for result in ended:
+                if isinstance(result, BaseException) and not isinstance(
+                    result, Exception | asyncio.CancelledError
+                ):
+                    raise result
 
     async def recheck(self) -> None:
         """Deferred runs looked at again: admitted (then carried out), deferred on, or skipped."""

@@ -272,7 +272,9 @@ def plan(
             ):
                 _hold(db, name, f, row, record, now)
         if desire.want == ENGAGED and record["state"] != ENGAGED:
-            result.carry_out = engage if engage is not None else _admit(db, flag, firing, record, now, result)
+            result.carry_out = (
+                engage if engage is not None else _admit(db, flag, firing, record, bool(drains), now, result)
+            )
             if result.carry_out is not None and not _due(result.carry_out, now):
                 result.carry_out = None
         elif desire.want == RESTORED:
@@ -353,12 +355,13 @@ def _admit(
     flag: FeatureFlagAction,
     firing: Sequence[Firing],
     record: Mapping[str, Any],
+    drained: bool,
     now: float,
     result: Plan,
 ) -> Run | None:
     """No engage under way: the first series that fires unsilenced and that no guard holds back
-    gets one (the others' answers are deferred with their reason). With no series to record it
-    on (a drain, or only silenced series while the flag may be engaged), a change of its own."""
+    gets one (the others' answers are deferred with their reason). For a drain alone (a ladder's
+    change under way, after a restart), a change recorded on no event."""
     name = flag.name
     acting = [f for f in firing if f.silence is None]
     for f in acting:
@@ -367,7 +370,7 @@ def _admit(
             db, name, flag.params.budget, now
         )
         if later is not None:
-            _defer(db, name, f, row, later, now)
+            _defer(db, name, f, row, later, now, renew=True)
             continue
         if row is not None and row[1] == RunStatus.DEFERRED:
             run_id = row[0]
@@ -376,8 +379,11 @@ def _admit(
             run_id = _insert(db, name, f.event, now, status=RunStatus.PENDING, mode=RunMode.RUN, admitted=now)
         result.changed.append(f"engage for {f.holder}")
         return Run(run_id, f.event, RunMode.RUN, RunStatus.PENDING, None, "", 0, f.rule, f.series, "firing")
-    if acting:
-        return None  # every acting series is held back: deferred, recorded on each
+    if acting or not drained:
+        # every acting series held back (deferred, recorded on each); or only silenced series keep
+        # a flag whose last write is not known: nothing is written for them (a silence starts
+        # nothing), and the change under way, if any, goes on
+        return None
     return Run(0, 0, RunMode.RUN, RunStatus.PENDING, record.get("next_try"), "", 0, "", "", "")
 
 
@@ -388,8 +394,11 @@ def _defer(
     row: tuple[int, str, str] | None,
     later: guards.Later,
     now: float,
+    renew: bool = False,
 ) -> None:
-    if row is None:
+    """The firing's answer deferred: recorded on its row, or a new one (``renew``: an engage is
+    wanted again for a firing whose earlier answer is over, the flag restored since)."""
+    if row is None or (renew and row[1] not in (RunStatus.DEFERRED, RunStatus.PENDING, RunStatus.RUNNING)):
         _insert(db, action, f.event, now, status=RunStatus.DEFERRED, mode=RunMode.RUN, reason=later.reason,
                 not_before=later.until)  # fmt: skip
     elif row[1] == RunStatus.DEFERRED:

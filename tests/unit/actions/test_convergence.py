@@ -237,6 +237,9 @@ class Host:
         await self.tick()
 
     async def stop(self) -> None:
+        """The process ends: whatever it had under way (a flag's controller) ends with it."""
+        if self.dispatcher is not None:
+            await self.dispatcher.stop()
         if self.store is not None:
             store, self.store = self.store, None
             self.kill_after = None
