@@ -799,6 +799,7 @@ class Daemon:
             self.metrics.show_baseline(new.baseline)
             self.metrics.show_rules(r.name for r in new.enabled_rules())
             await self._rebuild_book()
+            await self._warn_of_flags_left(old, new)
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.set_rules(new.rules)
             self.dispatcher.dry_run = new.config.dry_run
@@ -816,6 +817,18 @@ class Daemon:
         finally:
             self._status_told = self._status_line()
             self.notifier.reloaded(self._status_told)
+
+    async def _warn_of_flags_left(self, old: Loaded, new: Loaded) -> None:
+        """A feature flag the reload removes is left as it is: said when it may be engaged."""
+        for name, action in old.actions.items():
+            if action.reconciled and name not in new.actions:
+                record = await self.store.memory_read(name, "flag") or {}
+                if record.get("state", "engaged" if record.get("engaged") else "restored") != "restored":
+                    log.warning(
+                        "reload: the feature_flag action %s is gone while its flag may be engaged: it is left "
+                        "as it is; restore it by hand, or put the action back until it is restored",
+                        name,
+                    )
 
     # --- status ----------------------------------------------------------------------------------
 

@@ -454,3 +454,23 @@ async def test_a_slack_run_repeated_for_the_same_firing_queues_one_post(store: S
         parents = [m for m in slack.posted() if not m.get("thread_ts")]
         assert len(parents) == 1
         assert [m["thread_ts"] for m in slack.posted() if m.get("thread_ts")] == [parents[0]["ts"]]
+
+
+async def test_a_reload_that_removes_an_engaged_flag_says_it_is_left_as_it_is(
+    started: Callable[..., Awaitable[Daemon]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = await started(config(FILE), TWO_RULES.format(first="loose", first_actions="[fallback]"))
+    source(daemon).value = 0.3
+    await until("engaged", lambda: engaged(tmp_path))
+    (tmp_path / "specguard.yaml").write_text(
+        "server: {port: 0}\nstate_dir: state\ninterval: 100ms\nrules: [rules.yaml]\n"
+    )
+    (tmp_path / "rules.yaml").write_text(
+        TWO_RULES.format(first="loose", first_actions="[log]").replace("[fallback]", "[log]")
+    )
+    assert await daemon.reload()
+    assert (
+        "the feature_flag action fallback is gone while its flag may be engaged: it is left as it is"
+        in caplog.text
+    )
+    await stays("left as it is", lambda: engaged(tmp_path), 0.5)
