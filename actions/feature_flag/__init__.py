@@ -223,21 +223,29 @@ class FeatureFlagAction(Action):
     async def engage(self, memory: ActionMemory) -> Outcome:
         """Write the flag's engage value and confirm it. Idempotent: writing it again changes
         nothing a router sees. A failure leaves the state unknown and says when to try again."""
-        now = self.clock()
+        done = await self._write(memory, ENGAGED, "the fallback is not known to be engaged")
+        return done if isinstance(done, Outcome) else Outcome(True, f"fallback engaged: {done}")
+
+    async def _write(self, memory: ActionMemory, state: str, unsure: str) -> str | Outcome:
+        """Write the value for ``state`` (engaged | restored), journaled: ``unknown`` while under
+        way, confirmed once acknowledged. What was done, or the failure's outcome (``unsure``:
+        what a failure leaves in doubt)."""
 
         def starting(value: Any) -> dict[str, Any]:
             record = record_of(value)
-            if record["state"] != ENGAGED:
+            if record["state"] != state:
                 record["state"], record["engaged"] = UNKNOWN, False  # a write under way: not known
             return record
 
         await memory.update(STATE_KEY, starting)
         try:
-            done = await self.backend.set(self._values[0], "engage")
+            engage = state == ENGAGED
+            done = await self.backend.set(self._values[0 if engage else 1], "engage" if engage else "restore")
         except BackendError as exc:
-            return await self.failed(memory, f"{exc}; the fallback is not known to be engaged")
-        await memory.update(STATE_KEY, lambda v: {**confirmed(record_of(v), ENGAGED, now), "failures": 0})
-        return Outcome(True, f"fallback engaged: {done}")
+            return await self.failed(memory, f"{exc}; {unsure}")
+        now = self.clock()
+        await memory.update(STATE_KEY, lambda v: {**confirmed(record_of(v), state, now), "failures": 0})
+        return done
 
     async def restore_flag(self, memory: ActionMemory, canary: bool = True) -> Outcome:
         """Probe the speculative server (``canary``, when configured), then write the flag's restore
@@ -265,19 +273,10 @@ class FeatureFlagAction(Action):
                 )
             checked = f" ({result.detail})"
 
-        def starting(value: Any) -> dict[str, Any]:
-            record = record_of(value)
-            if record["state"] != RESTORED:
-                record["state"], record["engaged"] = UNKNOWN, False
-            return record
-
-        await memory.update(STATE_KEY, starting)
-        try:
-            done = await self.backend.set(self._values[1], "restore")
-        except BackendError as exc:
-            return await self.failed(memory, f"{exc}; the fallback may still be engaged")
+        done = await self._write(memory, RESTORED, "the fallback may still be engaged")
+        if isinstance(done, Outcome):
+            return done
         now = self.clock()
-        await memory.update(STATE_KEY, lambda v: {**confirmed(record_of(v), RESTORED, now), "failures": 0})
         lasted = f" after {format_duration(round(max(0.0, now - since)))} engaged" if since else ""
         return Outcome(True, f"speculative decoding restored{lasted}: {done}{checked}")
 
