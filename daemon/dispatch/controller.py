@@ -27,7 +27,7 @@ log = logging.getLogger("specguard.fallback")
 class Ended:
     """How one carried-out change ended, for the dispatcher to record, count and tell."""
 
-    run: int  # 0: a change recorded on no event (a drain's, or a flag kept for silenced series)
+    run: int  # 0: a change recorded on no event (a drain's)
     mode: str
     status: str  # ok | retry
     detail: str
