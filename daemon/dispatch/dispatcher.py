@@ -78,6 +78,7 @@ class Dispatcher:
         self._next_look: dict[str, float | None] = {}  # when each flag's controller wants to look again
         self._flag_tasks: dict[str, asyncio.Task[None]] = {}  # each flag's controller, at work aside
         self._flag_again: set[str] = set()  # flags to look at once more when their look is over
+        self._flag_fatal: BaseException | None = None  # what ended a flag's task that no step saw
         self._stopping = False  # quiesce: no step after the one under way
         self._served = asyncio.Event()  # set once serve has returned
         # The runs that wait (deferred, or pending until a time), as /api/status shows them.
@@ -282,6 +283,8 @@ class Dispatcher:
     def _flag_done(self, name: str, task: asyncio.Task[None]) -> None:
         if self._flag_tasks.get(name) is task:
             del self._flag_tasks[name]
+        if not task.cancelled() and _fatal(task.exception()):
+            self._flag_fatal = task.exception()  # a task done before settled() looked: kept for it
 
     async def _reconcile_flag(self, name: str) -> None:
         while True:
@@ -313,10 +316,12 @@ class Dispatcher:
         while self._flag_tasks:
             ended = await asyncio.gather(*list(self._flag_tasks.values()), return_exceptions=True)
             for result in ended:
-                if isinstance(result, BaseException) and not isinstance(
-                    result, Exception | asyncio.CancelledError
-                ):
-                    raise result
+                if _fatal(result):
+                    self._flag_fatal = None
+                    raise result  # type: ignore[misc]
+        if self._flag_fatal is not None:
+            fatal, self._flag_fatal = self._flag_fatal, None
+            raise fatal
 
     async def recheck(self) -> None:
         """Deferred runs looked at again: admitted (then carried out), deferred on, or skipped."""
@@ -545,3 +550,8 @@ class Dispatcher:
             log.warning("action %s for %s %s failed: %s", run.action, run.rule, what, detail)
         else:
             log.info("action %s for %s %s: %s", run.action, run.rule, what, detail)
+
+
+def _fatal(result: object) -> bool:
+    """An end that is not a flag's own error: the process is going (a BaseException)."""
+    return isinstance(result, BaseException) and not isinstance(result, Exception | asyncio.CancelledError)

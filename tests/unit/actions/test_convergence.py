@@ -736,3 +736,16 @@ def test_a_slack_run_repeated_after_a_kill_keeps_one_thread() -> None:
         ("fire", {"name": "beta", "instance": "h1"}),
         ("wait", {"ticks": 1}),
     )
+
+
+def test_a_kill_during_an_engage_the_controller_carried_out_unwatched_is_a_kill() -> None:
+    """I1 broke: the engage under way when the silence was expired died at its write; the
+    controller's task had ended before the step waited for it, so its end (the process dying) was
+    lost, and the flag stayed restored though the store said an engage was under way."""
+    replay(
+        ("wait", {"ticks": 4}),
+        ("kill_at_the_next_write", {"point": "before"}),
+        ("silence", {"name": "alpha", "minutes": 1}),
+        ("fire", {"name": "alpha", "instance": "h1"}),
+        ("expire_silence", {}),
+    )
