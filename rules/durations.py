@@ -63,6 +63,11 @@ def format_duration(seconds: float) -> str:
     return "".join(out)
 
 
+def format_wait(seconds: float) -> str:
+    """A wait as an operator reads it: whole seconds from a second up, milliseconds below."""
+    return format_duration(seconds if seconds < 1 else round(seconds))
+
+
 def _validate(value: object) -> float:
     return parse_duration(value)
 

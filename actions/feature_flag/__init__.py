@@ -42,7 +42,7 @@ from actions.feature_flag.backends import (
 from actions.feature_flag.canary import Canary, CanaryParams
 from common.locks import named_lock
 from common.secrets import read_if_given
-from rules.durations import Duration, format_duration
+from rules.durations import Duration, format_duration, format_wait
 
 STATE_KEY = "flag"
 KEEP_SPANS = 500  # engagements remembered (with their restore) for the weekly report
@@ -268,7 +268,7 @@ class FeatureFlagAction(Action):
                 )
                 return Outcome(
                     False,
-                    f"{result.detail}; the fallback stays engaged, next try in {format_duration(round(wait))}",
+                    f"{result.detail}; the fallback stays engaged, next try in {format_wait(wait)}",
                     retry_after=wait,
                 )
             checked = f" ({result.detail})"
@@ -292,7 +292,7 @@ class FeatureFlagAction(Action):
 
         record = await memory.update(STATE_KEY, failed)
         wait = self._backoff(record["failures"], self.flag.retry_backoff, self.flag.retry_max_backoff)
-        return Outcome(False, f"{why}; next try in {format_duration(round(wait))}", retry_after=wait)
+        return Outcome(False, f"{why}; next try in {format_wait(wait)}", retry_after=wait)
 
     async def later(self, memory: ActionMemory, at: float | None) -> None:
         """When a change recorded on no event (a drain's) may be tried again (None: now)."""

@@ -18,7 +18,7 @@ from daemon.dispatch import fallback
 from daemon.dispatch.memory import StoreMemory
 from daemon.loading import LoadedRule
 from daemon.store import RunMode, Store
-from rules.durations import format_duration
+from rules.durations import format_duration, format_wait
 
 log = logging.getLogger("specguard.fallback")
 
@@ -112,7 +112,7 @@ class Controller:
             await self.store.retry_run(run.id, outcome.detail, self.clock() + wait)
         else:
             await flag.later(StoreMemory(self.store, flag.name), self.clock() + wait)
-            log.warning("%s: %s not done, again in %s: %s", flag.name, what, format_duration(round(wait)),
+            log.warning("%s: %s not done, again in %s: %s", flag.name, what, format_wait(wait),
                         outcome.detail)  # fmt: skip
         await self._ended(
             flag, Ended(run.id, run.mode, "retry", outcome.detail, first_failure=run.attempts == 0)

@@ -47,7 +47,7 @@ from daemon.store import (
     StoreError,
     transaction,
 )
-from rules.durations import format_duration
+from rules.durations import format_wait
 
 log = logging.getLogger("specguard.dispatcher")
 
@@ -533,7 +533,7 @@ class Dispatcher:
                 run.action,
                 run.rule,
                 what,
-                format_duration(round(retry_after)),
+                format_wait(retry_after),
                 detail,
             )
             self._due.set()

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from rules.durations import Duration, format_duration, parse_duration
+from rules.durations import Duration, format_duration, format_wait, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -125,3 +125,12 @@ def test_the_pydantic_field_accepts_strings_and_numbers_and_holds_seconds() -> N
 def test_the_pydantic_field_reports_the_operator_message() -> None:
     with pytest.raises(ValidationError, match="invalid duration '5 minutes'"):
         _Model(wait="5 minutes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"), [(0.2, "200ms"), (0.9994, "999ms"), (7.4, "7s"), (7.6, "8s"), (300.2, "5m")]
+)
+def test_a_wait_is_shown_in_whole_seconds_from_a_second_up_and_in_milliseconds_below(
+    seconds: float, shown: str
+) -> None:
+    assert format_wait(seconds) == shown
