@@ -8,7 +8,7 @@ only when Alertmanager says its alert resolved). This writes a complete config, 
 receiver, that Alertmanager can load as it is, with comments on the token and on merging it into
 an existing config.
 
-Facts about Alertmanager it relies on (see the README): ``timeout`` in a webhook config exists from
+Facts about Alertmanager it relies on (see docs/prometheus.md): ``timeout`` in a webhook config exists from
 Alertmanager 0.28 and older versions refuse the whole file for it, so it is written only when asked
 for; a 4xx answer (a wrong token) is dropped, never retried.
 """

@@ -1,4 +1,4 @@
-"""deploy/specguard.example.yaml, which the README's operator guide starts a host from, passes
+"""deploy/specguard.example.yaml, which the operator guide (docs/install.md) starts a host from, passes
 `specguard check`: as shipped, and with its commented actions turned on and the credentials they
 name given the way the guide gives them (files named as the unit's LoadCredential= names them, in
 $CREDENTIALS_DIRECTORY)."""
@@ -78,7 +78,7 @@ async def test_the_example_with_its_actions_on_needs_and_takes_the_credentials(t
     for name in CREDENTIALS:
         assert f"credential '{name}' needs $CREDENTIALS_DIRECTORY" in out + err, out + err
 
-    # As the README's step 4 gives them: one file per secret, named as LoadCredential= names it.
+    # As the operator guide's step 4 gives them: one file per secret, named as LoadCredential= names it.
     credentials = tmp_path / "credentials"
     credentials.mkdir()
     for name, secret in CREDENTIALS.items():

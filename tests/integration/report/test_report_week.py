@@ -412,7 +412,7 @@ def test_the_k_recommendation_is_the_speedup_of_each_k_from_the_ground_truth(
     played: dict[str, Any], name: str, cost: float
 ) -> None:
     """(1 + sum of p_i over i < k) / (1 + k c) for k = 1..8, past the measured k with the p_i going
-    on at the mean conditional rate of the last three positions after the first (as the README says)."""
+    on at the mean conditional rate of the last three positions after the first (as docs/report.md says)."""
     server: Server = played[name]
     minutes = _in(server.truth, MONDAY, MONDAY + 7 * DAY)
     drafts = sum(m.drafts for m in minutes)
