@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit integration bench e2e clean
+.PHONY: run demo test lint typecheck docs unit integration bench e2e clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The documentation under docs/, built into site/: --strict fails on a broken link or anchor, a page
+# the nav leaves out, or any other warning.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q
 
@@ -35,7 +40,7 @@ integration: $(STAMP)
 
 # Two workers (pytest-xdist), a test file to each at a time: most tests wait on processes and
 # clocks rather than compute, so two share the 2 cores CI has; about 7 minutes instead of 14.
-test: lint typecheck
+test: lint typecheck docs
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The real-vLLM tier (tests/e2e): vLLM 0.32.0's CPU build in a venv of its own, .venv-vllm (about
@@ -76,4 +81,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_collapse_detector.py --write benchmarks/results/collapse_detector.md
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache

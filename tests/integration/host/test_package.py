@@ -60,7 +60,9 @@ def test_the_license_is_apache_2_0_in_the_tree_the_metadata_and_the_sdist(instal
         assert carried is not None and carried.read() == (REPO / "LICENSE").read_bytes()
 
 
-def test_the_sdist_carries_the_units_the_example_config_and_the_dashboard(installed: Installed) -> None:
+def test_the_sdist_carries_the_units_the_example_config_the_dashboard_and_the_docs(
+    installed: Installed,
+) -> None:
     with tarfile.open(installed.sdist) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     for path in (
@@ -74,6 +76,9 @@ def test_the_sdist_carries_the_units_the_example_config_and_the_dashboard(instal
         "deploy/specguard.example.yaml",
         "deploy/grafana/specguard.json",
         "rules/packs/speculative.yaml",
+        "mkdocs.yml",
+        "docs/index.md",
+        "docs/install.md",
     ):
         assert path in names, path
 
