@@ -191,19 +191,21 @@ def _rules(
     remedies: frozenset[str],
     fired_before: Mapping[str, int],
 ) -> list[dict[str, Any]]:
-    """Each rule that fired in the period: its firings, when each resolved, and the time from the
-    breach's start to the first remedy that did its work (the time users waited for it), or to
-    the first action of any kind when the rule has no remedy (a log line, a notice); and how many
-    times it fired in the period before."""
+    """Each rule that fired in the period: its firings, what each said and when it resolved (and
+    what that said), and the time from the breach's start to the first remedy that did its work
+    (the time users waited for it), or to the first action of any kind when the rule has no remedy
+    (a log line, a notice); and how many times it fired in the period before."""
     firings = db.execute(
-        f"SELECT id, at, rule, series, severity, value, since {_FIRINGS} ORDER BY at", (start, end)
+        f"SELECT id, at, rule, series, severity, value, since, summary {_FIRINGS} ORDER BY at", (start, end)
     ).fetchall()
     rules: dict[str, dict[str, Any]] = {}
     for row in firings:
-        resolved = db.execute(
-            "SELECT MIN(at) FROM events WHERE rule=? AND series=? AND kind='resolved' AND at > ?",
+        resolution = db.execute(
+            "SELECT at, summary FROM events WHERE rule=? AND series=? AND kind='resolved' AND at > ?"
+            " ORDER BY at LIMIT 1",
             (row["rule"], row["series"], row["at"]),
-        ).fetchone()[0]
+        ).fetchone()
+        resolved = resolution["at"] if resolution is not None else None
         done = db.execute(
             "SELECT action, finished FROM action_runs WHERE event_id=? AND status='ok' AND mode='run'"
             " ORDER BY finished",
@@ -224,7 +226,9 @@ def _rules(
                 "since": iso(began),
                 "series": row["series"],
                 "value": row["value"],
+                "message": row["summary"],
                 "resolved_at": iso(resolved) if resolved is not None else None,
+                "resolved_message": resolution["summary"] if resolution is not None else None,
                 "time_to_act": acted - began if acted is not None else None,
                 "acted_by": first["action"] if first is not None else None,
             }

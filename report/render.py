@@ -487,7 +487,18 @@ def _rules(report: Report) -> list[_Block]:
         ]
         headers = ("Fired", "Rule", "Series", "Value", "Breach since", "Resolved", "Time to act", "By")
         blocks += [_Heading(3, "Firings"), _Table(headers, rows, align="lllrllrl")]
+        said = [_said(rule, firing) for rule, firing in firings if firing.get("message")]
+        if said:
+            blocks += [_Heading(3, "What the firings and their resolutions said"), _Items(said)]
     return blocks
+
+
+def _said(rule: dict[str, Any], firing: dict[str, Any]) -> str:
+    """A firing's message and its resolution's, each worded by the rule for its transition."""
+    text = f"{_when(firing.get('at'))} {_text(rule.get('rule'))}: {_text(firing.get('message'))}"
+    if firing.get("resolved_message"):
+        text += f"; resolved {_when(firing.get('resolved_at'))}: {_text(firing.get('resolved_message'))}"
+    return text
 
 
 def _fallbacks(report: Report) -> list[_Block]:

@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -23,7 +24,7 @@ from rules.conditions import Condition, parse_condition
 from rules.durations import Duration, Interval
 from rules.matchers import Matcher, all_match, parse_matchers
 from rules.signals import CATALOG
-from rules.templates import check_template
+from rules.templates import check_template, fields_of, root_of
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -60,6 +61,35 @@ def _template(value: str) -> str:
 
 
 Template = Annotated[str, AfterValidator(_template)]
+
+
+def _no_data_template(value: str) -> str:
+    check_template(value)
+    if any(root_of(field) == "value" for field in fields_of(value)):
+        raise ValueError(
+            "a no-data message has no value to show: leave out {value} "
+            "({change} says what the missing data did)"
+        )
+    return value
+
+
+class Messages(BaseModel):
+    """``messages:``: what the log, Slack, ``history`` and the report say at each transition of a
+    series, each worded for what its value shows (``rules.messages`` picks one per event):
+
+    - ``breach``: a series starts breaching (it turns pending);
+    - ``still_breaching``: the breach has lasted ``for`` and ``consecutive`` (it fires);
+    - ``recovered``: its value no longer breaches (a pending series clears, a firing one resolves);
+    - ``no_data``: it changed state without a value (the ``no_data`` policy, or a series gone).
+
+    A wording left out gets a default that reads true for that transition."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    breach: Template | None = None
+    still_breaching: Template | None = None
+    recovered: Template | None = None
+    no_data: Annotated[str, AfterValidator(_no_data_template)] | None = None
 
 
 class AlertStatus(StrEnum):
@@ -218,6 +248,7 @@ class Rule(BaseModel):
     severity: Severity = Severity.WARNING
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, Template] = Field(default_factory=dict)
+    messages: Messages = Field(default_factory=Messages)
     actions: tuple[str, ...] = ("log",)
     enabled: bool = True
     shadow: bool = False  # evaluate and record, never act
@@ -263,6 +294,16 @@ class Rule(BaseModel):
     @cached_property
     def matchers(self) -> tuple[Matcher, ...]:
         return parse_matchers(self.match)
+
+    @field_validator("messages")
+    @classmethod
+    def _one_firing_message(cls, value: Messages, info: ValidationInfo) -> Messages:
+        if value.still_breaching is not None and "summary" in (info.data.get("annotations") or {}):
+            raise ValueError(
+                "`still_breaching` and `annotations.summary` both give the firing's message: "
+                "keep `messages.still_breaching` and drop `annotations.summary`"
+            )
+        return value
 
     @field_validator("labels")
     @classmethod

@@ -160,12 +160,12 @@ class SlackAction(Action):
                 said.append("no incident open for this series: nothing to tell")
                 return state
             record = state["incidents"][incident]
-            record["resolved"] = {"at": ctx.at or now, "value": ctx.value}
+            record["resolved"] = {"at": ctx.at or now, "value": ctx.value, "summary": ctx.summary}
             if _queued_post(state, incident):
                 said.append("resolved before its firing was posted: one message says both")
                 return state
             said.append(_put(state, incident, "reply", now, message.resolution(ctx.at or now, ctx.value,
-                                                                               ctx.threshold)))  # fmt: skip
+                                                                               ctx.threshold, ctx.summary)))  # fmt: skip
             if self._token is not None:
                 _put(state, incident, "update", now)
             return state

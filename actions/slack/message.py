@@ -42,7 +42,8 @@ def notice(
     """The incident's parent message: (fallback text, blocks). ``incident`` holds what the firing
     said: rule, severity, host, labels, value, threshold, summary, fired_at, since (when the breach
     began, or None), annotations and ``actions`` (each action's outcome: name, detail, at);
-    ``resolved`` (at, value) once resolved."""
+    ``resolved`` (at, value, summary: what the resolution said) once resolved. A resolved
+    incident leads with its resolution's words, the firing's kept below as what was said then."""
     severity = str(incident.get("severity", "warning"))
     rule = str(incident["rule"])
     labels: Mapping[str, str] = incident.get("labels", {})
@@ -66,15 +67,14 @@ def notice(
     if resolved:
         lasted = float(resolved["at"]) - float(incident.get("fired_at") or resolved["at"])
         fields.append(("Resolved at", f"{clock(resolved['at'])}, after {_duration(lasted)}"))
+    fired_said = str(incident.get("summary", ""))
+    said = str(resolved.get("summary") or "") if resolved else ""
+    lead = (
+        f"{icon} {_escape(said)}\nFired: {_escape(fired_said)}" if said else f"{icon} {_escape(fired_said)}"
+    )
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": f"{header}", "emoji": True}},
-        {
-            "type": "section",
-            "text": {
-                "type": "mrkdwn",
-                "text": cut(f"{icon} {_escape(str(incident.get('summary', '')))}", SECTION_MAX),
-            },
-        },
+        {"type": "section", "text": {"type": "mrkdwn", "text": cut(lead, SECTION_MAX)}},
         {
             "type": "section",
             "fields": [
@@ -113,12 +113,15 @@ def notice(
         blocks.append(
             {"type": "context", "elements": [{"type": "mrkdwn", "text": cut(" · ".join(links), SECTION_MAX)}]}
         )
-    text = f"[{state}] {severity.upper()} {rule} on {where}: {incident.get('summary', '')}"
+    text = f"[{state}] {severity.upper()} {rule} on {where}: {said or fired_said}"
     return cut(text, TEXT_MAX), blocks[:BLOCKS_MAX]
 
 
-def resolution(at: float, value: float | None, threshold: float | None) -> str:
-    """The resolution's reply. Not the rule's summary: that is worded for a breach."""
+def resolution(at: float, value: float | None, threshold: float | None, summary: str = "") -> str:
+    """The resolution's reply: what the rule says at a resolution (its ``recovered`` or ``no_data``
+    wording), or, for a notice queued before messages were worded per transition, the value."""
+    if summary:
+        return f"Resolved at {clock(at)}: {summary}"
     if value is None:
         return f"Resolved at {clock(at)}: no data to judge (the rule resolves on no data)"
     return f"Resolved at {clock(at)}: value {_number(value)}, threshold {_number(threshold)}"

@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the rules did: state changes, their trigger and their action runs",
         description="List the latest state changes recorded in the state database, newest first: "
         "when, which rule and series, what triggered the evaluation (the schedule or an "
-        "Alertmanager delivery) and how each action run ended. Reads the database of the config's "
+        "Alertmanager delivery), how each action run ended, and under each change what it said "
+        "(the rule's message for that transition) and what its actions did later. Reads the database of the config's "
         "state_dir (or --state-dir); the daemon may be running.",
     )
     _add_config(history)
@@ -611,8 +612,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         runs = ", ".join(_run_cell(run) for run in event["runs"]) or "-"
         change = f"{event['previous']} -> {event['kind']}"
         table.append((moment, event["rule"], labels, change, event["trigger"], runs))
-        # what the actions did later, in time order under the event: a Slack notice delivered
-        below[len(table) - 1] = [
+        # what the event said (worded for its transition), then what the actions did later, in
+        # time order under it: a Slack notice delivered
+        below[len(table) - 1] = [f"said: {event['summary']}"] + [
             f"{time.strftime('%H:%M:%S', time.gmtime(note['at']))} {note['action']}: {note['text']}"
             for note in event["notes"]
         ]

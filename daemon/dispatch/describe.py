@@ -9,41 +9,42 @@ from typing import Any
 
 from daemon.engine import Event
 from daemon.loading import LoadedRule
+from rules.messages import fields, message
 from rules.templates import render
 
 log = logging.getLogger("specguard.dispatcher")
 
 
 def describe(item: LoadedRule, event: Event) -> tuple[str, dict[str, str]]:
-    """The event's summary and rendered annotations."""
+    """The event's summary, worded for its transition and value (``rules.messages``), and its
+    rendered annotations (a rule's old ``summary`` annotation holds the same summary)."""
     rule = item.rule
-    fields = {
-        "threshold": event.threshold,
-        "rule": rule.name,
-        "signal": rule.signal or ("alerts" if rule.alert_only else "expr"),
-        "severity": rule.severity.value,
-        "state": event.kind.value,
-    }
+    said = message(
+        rule,
+        kind=event.kind.value,
+        previous=event.previous.value,
+        value=event.value,
+        threshold=event.threshold,
+        labels=event.labels,
+    )
+    if said.problem is not None:
+        log.warning(
+            "rule %s: messages.%s: %s (said the default)", rule.name, said.wording.value, said.problem
+        )
+    known = fields(rule, event.kind.value, event.previous.value, event.value, event.labels)
     annotations = {}
     for key, template in rule.annotations.items():
+        if key == "summary":
+            annotations[key] = said.text  # worded for a firing: each transition says its own
+            continue
         try:
-            annotations[key] = render(template, labels=event.labels, value=event.value, **fields)
+            annotations[key] = render(
+                template, labels=event.labels, value=event.value, threshold=event.threshold, **known
+            )
         except ValueError as exc:
             annotations[key] = template
             log.warning("rule %s: annotation %s: %s", rule.name, key, exc)
-    summary = annotations.get("summary")
-    if summary is None:
-        where = ", ".join(f"{k}={v}" for k, v in sorted(event.labels.items())) or "all series"
-        value = "no data" if event.value is None else f"{event.value:.4g}"
-        if rule.alert is not None and rule.alert_only:
-            matchers = ", ".join(str(m) for m in rule.alert.matchers)
-            summary = f"{value} Alertmanager alert(s) {{{matchers}}} firing on {where}"
-        elif rule.detect is not None:
-            h = "?" if event.threshold is None else f"{event.threshold:.4g}"
-            summary = f"{rule.detect.describe()}: G = {value} of h = {h} on {where}"
-        else:
-            summary = f"{rule.signal or 'expr'} = {value} ({rule.test}) on {where}"
-    return summary, annotations
+    return said.text, annotations
 
 
 def waiting(db: Any) -> list[dict[str, Any]]:

@@ -20,7 +20,8 @@ field for is converted where an exact equivalent exists and said in a comment wh
 
 Annotations are Python format strings in specguard and Go templates in Prometheus; they are
 translated (``{value:.2f}`` -> ``{{ printf "%.2f" $value }}``), and text that Go would read as a
-template action is escaped.
+template action is escaped. A Prometheus alert's annotations are its firing's, so the rule's firing
+wording (``messages.still_breaching``, see ``rules.messages``) becomes its ``summary``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import math
 import re
 import string
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from daemon.baseline import Baseline, Entry
 from daemon.loading import Loaded, LoadedRule
 from rules.durations import format_duration
 from rules.matchers import Matcher
+from rules.messages import Wording, change, given
 from rules.schema import NoDataPolicy, Rule
 from rules.signals import CATALOG, Kind, get_signal
 
@@ -169,15 +171,23 @@ def escape_go(text: str) -> str:
 
 
 def go_template(
-    template: str, *, threshold: float, rule: str, signal: str, severity: str
+    template: str,
+    *,
+    threshold: float,
+    rule: str,
+    signal: str,
+    severity: str,
+    fixed: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[str]]:
     """specguard's annotation ``template`` as a Prometheus (Go) template, and what could not be kept.
 
     ``threshold``, ``rule``, ``signal``, ``severity`` and ``state`` are known when the file is
     written (an alert Prometheus sends is firing), so they are rendered here with Python's own
-    formatting; ``value`` and ``labels`` become ``$value`` and ``$labels``.
+    formatting, as are the ``fixed`` fields given (a firing's ``previous``, ``for``, ``change``...);
+    ``value`` and ``labels`` become ``$value`` and ``$labels``.
     """
-    fixed: dict[str, Any] = {
+    fixed = {
+        **(fixed or {}),
         "threshold": threshold,
         "rule": rule,
         "signal": signal,
@@ -441,6 +451,17 @@ class _Converter:
             warnings.append(f"{rule.name}: a shadow rule in specguard: Prometheus will send its alerts")
         out: list[_Exported] = []
         signal_text = rule.signal or "expr"
+        templates = dict(rule.annotations)
+        firing_message = given(rule, Wording.STILL_BREACHING)
+        if firing_message is not None:
+            templates["summary"] = firing_message
+        firing = {
+            "previous": "pending",
+            "condition": str(rule.test),
+            "for": format_duration(rule.for_),
+            "consecutive": rule.consecutive,
+            "change": change(rule, "firing", 0.0, {}),
+        }
         for judge in judges:
             body: dict[str, Any] = {"alert": rule.name, "expr": self.expr(item, judge)}
             if hold > 0:
@@ -450,13 +471,14 @@ class _Converter:
             labels = {**rule.labels, "severity": rule.severity.value, **judge.scope.labels}
             body["labels"] = {key: escape_go(value) for key, value in labels.items()}
             annotations: dict[str, str] = {}
-            for key, template in rule.annotations.items():
+            for key, template in templates.items():
                 text, problems = go_template(
                     template,
                     threshold=judge.threshold,
                     rule=rule.name,
                     signal=signal_text,
                     severity=rule.severity.value,
+                    fixed=firing,
                 )
                 annotations[key] = text
                 for problem in problems:

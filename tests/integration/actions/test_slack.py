@@ -129,13 +129,17 @@ async def test_an_incident_is_one_thread_and_its_parent_shows_the_resolution(
     replies = [m for m in slack.posted() if m["thread_ts"] == parent["ts"]]
     assert [r["text"] for r in replies][:1] == ["fallback (restore): ok: speculative decoding restored"]
     assert len(replies) == 2
-    # the resolution says the value that resolved it, not the summary (worded for the breach)
-    assert re.fullmatch(r"Resolved at \d\d:\d\d:\d\d UTC: value 0\.72, threshold 0\.4", replies[1]["text"])
+    # the resolution says the rule's words for it, not the firing's (worded for the breach)
+    assert re.fullmatch(r"Resolved at \d\d:\d\d:\d\d UTC: acceptance back at 0\.72", replies[1]["text"])
     assert (
         parent["edits"] == 2
         and parent["blocks"][0]["text"]["text"] == "RESOLVED · CRITICAL · acceptance_critical"
     )
     assert "Resolved at" in texts(parent["blocks"])
+    # the edited parent leads with the resolution's words; the firing's stay, marked as such
+    assert parent["blocks"][1]["text"]["text"] == (
+        ":white_check_mark: acceptance back at 0.72\nFired: acceptance 0.31 under 0.4 on vllm-a:8000"
+    )
     assert len(slack.posted()) == 3
 
     # a world-changing action that failed later (a restart rolled back) stands out in the thread

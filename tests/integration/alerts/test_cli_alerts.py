@@ -112,8 +112,9 @@ async def record_two_changes(config: Path) -> None:
     )
     resolved = Event("am_low", "k", labels, State.RESOLVED, State.FIRING, 1_800_000_060.0, 0.0, 0.0)
     for event in (firing, resolved):
+        said = "1 alert firing" if event.kind is State.FIRING else "no alert firing any more"
         record = EventRecord(
-            event, "warning", "s", {}, False, False, [PlannedRun("log", "pending")], event.trigger
+            event, "warning", said, {}, False, False, [PlannedRun("log", "pending")], event.trigger
         )
         await store.commit_evaluation("am_low", {"k": SeriesState(labels=labels)}, [record])
     await store.close()
@@ -127,7 +128,10 @@ def test_history_lists_changes_newest_first_with_trigger_and_runs(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["TIME", "(UTC)", "RULE", "LABELS", "CHANGE", "TRIGGER", "ACTIONS"]
     assert "firing -> resolved" in lines[1] and "schedule" in lines[1] and lines[1].endswith("log:pending")
-    assert "pending -> firing" in lines[2] and "alertmanager: A firing (delivery 3)" in lines[2]
+    # under each change, what it said: worded for that transition
+    assert lines[2].split(maxsplit=1) == ["said:", "no alert firing any more"]
+    assert "pending -> firing" in lines[3] and "alertmanager: A firing (delivery 3)" in lines[3]
+    assert lines[4].split(maxsplit=1) == ["said:", "1 alert firing"]
     assert (
         main(["history", "--config", str(config), "--format", "json", "--limit", "1", "--rule", "am_low"])
         == 0

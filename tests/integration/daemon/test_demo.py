@@ -76,7 +76,12 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     assert any(
         "• fallback (restore) at" in line and "speculative decoding restored" in line for line in last_edit
     )
-    assert re.search(r"a reply in the thread:\n +\| Resolved at \d\d:\d\d:\d\d UTC: no data to judge", out)
+    # the resolution in the rule's words for it: the traffic moved away, no data (no_data: ok here)
+    assert re.search(
+        r"a reply in the thread:\n +\| Resolved at \d\d:\d\d:\d\d UTC: Acceptance on \S+: no data, counted as ok "
+        r"\(no_data: ok\): resolved",
+        out,
+    ), out
 
     # What the router's clients saw: collapsed speculation slower than standard decoding, which is
     # slower than healthy speculation; back to healthy once restored.

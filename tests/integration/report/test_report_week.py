@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -63,6 +64,9 @@ rules:
     no_data: keep
     severity: critical
     actions: [log, fallback]
+    messages:
+      still_breaching: "acceptance {value:.3f} below {threshold} for {consecutive} evaluations on {labels[instance]}"
+      recovered: "acceptance {value:.3f} back at or above {threshold} on {labels[instance]}"
   - name: kv_pressure
     signal: kv_cache_usage
     window: 60s
@@ -367,6 +371,12 @@ def test_the_collapse_fired_once_acted_in_two_evaluations_and_the_fallback_time_
     # the value it fired on: the acceptance of the 60 s window up to the firing's scrape
     (at_firing,) = [m for m in played["a"].truth if m.at + 30 == fired]
     assert firing["value"] == pytest.approx(at_firing.accepted / at_firing.draft_tokens, rel=1e-9)
+    # what the firing and its resolution said, each in the rule's words for it
+    assert firing["message"] == f"acceptance {firing['value']:.3f} below 0.4 for 3 evaluations on vllm-a:8000"
+    back = re.fullmatch(
+        r"acceptance ([\d.]+) back at or above 0\.4 on vllm-a:8000", firing["resolved_message"]
+    )
+    assert back and float(back.group(1)) >= 0.4, firing["resolved_message"]
     # The flag file, as the test saw it change, against the report's span.
     engaged, restored = played["flag"][0][0], played["flag"][1][0]
     assert played["flag"][0][1] is False and played["flag"][1][1] is True
@@ -392,6 +402,13 @@ def test_the_kv_pressure_afternoon_fired_after_five_minutes(played: dict[str, An
     assert firing["resolved_at"] == _iso(ended + 60)
     assert firing["time_to_act"] == pytest.approx(300.0)
     assert firing["acted_by"] == "log"  # no remedy among its actions: the first that ran
+    # a rule without messages of its own: the defaults, each true of its value
+    said = re.fullmatch(r"kv_cache_usage ([\d.]+) > 0\.95 on (.*): breaching for 5m", firing["message"])
+    assert said and float(said.group(1)) > 0.95, firing["message"]
+    back = re.fullmatch(
+        r"kv_cache_usage ([\d.]+) <= 0\.95 on (.*): ok again: resolved", firing["resolved_message"]
+    )
+    assert back and float(back.group(1)) <= 0.95, firing["resolved_message"]
     before, at_firing = [m for m in minutes if m.at + 30 in (began + 240, began + 300)]
     assert firing["value"] == pytest.approx((before.kv + at_firing.kv) / 2, rel=1e-9)
     b = _series(played["report"], "vllm-b:8000")

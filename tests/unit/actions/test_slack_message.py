@@ -55,6 +55,28 @@ def test_the_resolution_reply_says_what_resolved_it() -> None:
     )
 
 
+def test_the_resolution_reply_says_the_rules_words_for_the_resolution() -> None:
+    at = 1_800_000_000.0
+    said = "Acceptance 0.72 on vllm-a:8000: back at or above 0.4"
+    assert message.resolution(at, 0.72, 0.4, said) == f"Resolved at 08:00:00 UTC: {said}"
+
+
+def test_a_resolved_incident_leads_with_the_resolutions_words_not_the_firings() -> None:
+    fired = "Acceptance 0.31 below 0.4 for 3 evaluations in a row on vllm-a:8000"
+    back = "Acceptance 0.72 on vllm-a:8000: back at or above 0.4"
+    text, blocks = message.notice(
+        incident(rule="acceptance_fallback", summary=fired, labels={"instance": "vllm-a:8000"}),
+        {"at": 1_800_000_060.0, "value": 0.72, "summary": back},
+    )
+    assert text == f"[RESOLVED] CRITICAL acceptance_fallback on instance=vllm-a:8000: {back}"
+    lead = blocks[1]["text"]["text"]
+    assert lead.startswith(f":white_check_mark: {back}\n")  # the firing's words follow, as such
+    assert lead.endswith(f"Fired: {fired}")
+    # still firing: the firing's words alone
+    text, blocks = message.notice(incident(rule="acceptance_fallback", summary=fired, labels={}))
+    assert text.endswith(f": {fired}") and "Fired:" not in blocks[1]["text"]["text"]
+
+
 def test_the_message_says_since_when_and_how_long_after_the_drop_each_action_came() -> None:
     fired = 1_800_000_000.0  # 08:00:00 UTC; the breach began 30 s before
     _, blocks = message.notice(

@@ -145,3 +145,24 @@ async def test_firings_are_counted_per_server_and_against_the_period_before(stor
         "low": (3, 1),
         "kv": (1, 0),
     }
+
+
+async def test_each_firing_keeps_what_it_said_and_what_its_resolution_said(store: Store) -> None:
+    def event(db: Any, at: float, kind: str, previous: str, value: float, summary: str) -> None:
+        db.execute(
+            "INSERT INTO events (at, rule, series, labels, kind, previous, value, threshold, severity,"
+            " summary, annotations, shadow, dry_run) VALUES (?, 'low', 's', '{}', ?, ?, ?, 0.4,"
+            " 'critical', ?, '{}', 0, 0)",
+            (at, kind, previous, value, summary),
+        )
+
+    await store.call(lambda db: event(db, T0 + 60, "pending", "inactive", 0.3, "0.30 below 0.4: breaching"))
+    await store.call(lambda db: event(db, T0 + 600, "firing", "pending", 0.3, "0.30 below 0.4 for 9m"))
+    await store.call(lambda db: event(db, T0 + 900, "resolved", "firing", 0.7, "0.70: back at or above 0.4"))
+    await store.call(lambda db: event(db, T0 + 1200, "firing", "pending", 0.2, "0.20 below 0.4 for 9m"))
+    made = await store.call(lambda db: build(db, T0, T0 + 3600, baseline=BASELINE, host="h", now=T0 + 3600))
+    (rule,) = made["rules"]
+    assert [(f["message"], f["resolved_message"]) for f in rule["firings"]] == [
+        ("0.30 below 0.4 for 9m", "0.70: back at or above 0.4"),
+        ("0.20 below 0.4 for 9m", None),  # still firing when the report was made
+    ]

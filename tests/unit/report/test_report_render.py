@@ -148,6 +148,25 @@ def test_rules_fallbacks_restarts_and_silences_are_told_with_their_times() -> No
     assert "| latency_regression | 2026-12-03 16:30 UTC | 2026-12-03 18:00 UTC | load test" in silences
 
 
+def test_each_firing_is_told_in_the_words_it_said_and_its_resolution_in_its_own() -> None:
+    report = week()
+    text = render.markdown(report, {})
+    said = section(text, "### What the firings and their resolutions said")
+    # only the firing that carries its messages (a report made before they were kept has none)
+    assert said.strip().splitlines()[1:] == [
+        "",
+        "- 2026-12-02 14:09 UTC acceptance_fallback: Acceptance 0.19 below 0.4 for 3 evaluations in a "
+        "row on 10.0.0.7:8000: the playbook's trigger to fall back to standard decoding; resolved "
+        "2026-12-02 15:31 UTC: Acceptance 0.71 on 10.0.0.7:8000: back at or above 0.4",
+    ]
+    page = render.html(report, {})
+    assert "<li>2026-12-02 14:09 UTC acceptance_fallback: Acceptance 0.19 below 0.4" in page
+    for rule in report["rules"]:
+        for firing in rule["firings"]:
+            firing.pop("message", None)
+    assert "What the firings" not in render.markdown(report, {})
+
+
 def test_a_week_without_events_says_so_instead_of_showing_empty_tables() -> None:
     report = week()
     report.update(rules=[], fallbacks={"count": 0, "seconds": 0.0, "spans": []}, restarts=[], silences=[])

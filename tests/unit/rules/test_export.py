@@ -157,6 +157,22 @@ def test_annotations_are_exported_with_the_rule_threshold_and_an_unsupported_for
     ]
 
 
+def test_the_firing_wording_is_the_summary_prometheus_sends() -> None:
+    rules = ACCEPTANCE.replace(
+        '    annotations:\n      summary: "Acceptance {value:.2f} below {threshold} on {labels[instance]}"\n',
+        "    messages:\n"
+        '      breach: "first breach {value:.2f}"\n'
+        '      still_breaching: "{value:.2f} below {threshold} for {for} ({previous} -> {state}): {change}"\n'
+        '      recovered: "back at {value:.2f}"\n',
+    )
+    result = exported(rules)
+    (rule,) = alerting_rules(result)
+    assert rule["annotations"] == {
+        "summary": '{{ printf "%.2f" $value }} below 0.5 for 10m (pending -> firing): breaching for 10m'
+    }
+    assert result.warnings == []
+
+
 # --- one rule -------------------------------------------------------------------------------------
 
 
