@@ -184,8 +184,8 @@ def _check_unused_actions(loaded: Loaded, refs: Sequence[RuleRef], data: Any) ->
     if "actions" in loaded.invalid_keys:
         return
     used = {action for ref in refs for action in ref.actions}
-    for action in loaded.actions.values():
-        used.update(action.uses())
+    for built in loaded.actions.values():
+        used.update(built.uses())
     for name in loaded.unbuilt_actions:
         # An action that could not be built may still name another (a drain's flag): any of its
         # values that names an action counts as a use, so the fix of its error reveals no warning.

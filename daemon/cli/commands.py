@@ -19,6 +19,7 @@ from daemon import __version__
 from daemon.cli import backup as cli_backup
 from daemon.cli import ladder as cli_ladder
 from daemon.cli import report as cli_report
+from daemon.cli import rulenames, unread
 
 DESCRIPTION = """\
 specguard watches speculative decoding on vLLM: it evaluates YAML rules over vLLM's metrics
@@ -349,6 +350,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not loaded.ok:
         _print_problems(loaded)
         return 1
+    mistake = rulenames.eval_mistake(loaded, args.rule or ())
+    if mistake is not None:
+        print(f"specguard eval: {mistake}", file=sys.stderr)
+        return rulenames.USAGE
     alerts = None
     if args.alerts is not None:
         try:
@@ -356,11 +361,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard eval: {exc}", file=sys.stderr)
             return 1
-    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ()), alerts))
+    failures: list[str] = []
+    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ()), alerts, failures))
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
         _print_table(rows)
+    if failures:
+        print(unread.message(loaded, failures), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -405,7 +414,10 @@ def _trigger_of(item: Any, alerts: Any) -> str:
     return trigger_of(concerned, "--alerts") if concerned else "schedule"
 
 
-async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = None) -> list[dict[str, Any]]:
+async def _evaluate_once(
+    loaded: Any, gap: float, only: set[str], alerts: Any = None, failures: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per rule and series; what the source could not read goes to ``failures``."""
     from daemon.evaluation import evaluate_rule
     from daemon.runtime import make_source
     from daemon.status import detector_row
@@ -459,6 +471,9 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = 
                         **detector_row(item.rule.detect, series, interval),
                     }
                 )
+        evaluated = [i for i in loaded.enabled_rules() if not only or i.name in only]
+        if failures is not None and not all(i.rule.alert_only for i in evaluated):  # the source was read
+            failures.extend(await unread.unread(source))
     finally:
         await source.close()
     return rows
@@ -553,9 +568,11 @@ def _run_cell(run: dict[str, Any]) -> str:
     return cell
 
 
-def _state_database(args: argparse.Namespace, command: str) -> Path | None:
+def _state_database(
+    args: argparse.Namespace, command: str, loaded_out: list[Any] | None = None
+) -> Path | None:
     """The state database of the config's state_dir (or --state-dir); None, said, when there is
-    none or the config is wrong."""
+    none or the config is wrong. The loaded config goes to ``loaded_out``."""
     from daemon.loading import load
     from daemon.runtime import STORE_FILE
 
@@ -564,6 +581,8 @@ def _state_database(args: argparse.Namespace, command: str) -> Path | None:
     if not loaded.ok:
         _print_problems(loaded)
         return None
+    if loaded_out is not None:
+        loaded_out.append(loaded)
     path = loaded.config.resolved_state_dir() / STORE_FILE
     if not path.is_file():
         print(
@@ -587,12 +606,18 @@ def cmd_history(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard history: --since: {exc}", file=sys.stderr)
             return 2
-    path = _state_database(args, "history")
+    loaded: list[Any] = []
+    path = _state_database(args, "history", loaded)
     if path is None:
         return 1
 
-    async def read() -> list[dict[str, Any]]:
+    async def read() -> list[dict[str, Any]] | str:
         async with opened(path) as store:
+            if args.rule is not None:
+                recorded = await store.call(rulenames.recorded_rules, synced=False)
+                mistake = rulenames.history_mistake(loaded[0], args.rule, recorded)
+                if mistake is not None:
+                    return mistake
             return await store.history(args.rule, max(1, args.limit), since)
 
     try:
@@ -600,6 +625,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"specguard history: {exc}", file=sys.stderr)
         return 1
+    if isinstance(events, str):
+        print(f"specguard history: {events}", file=sys.stderr)
+        return rulenames.USAGE
     if args.format == "json":
         print(json.dumps(events, indent=2))
         return 0
@@ -826,6 +854,11 @@ def _add_silence(sub: Any) -> None:
     add.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="how long, e.g. 2h")
     add.add_argument("--reason", required=True, help="why, for whoever is on call next")
     add.add_argument("--author", help="who (default: $SUDO_USER or $USER)")
+    add.add_argument(
+        "--force",
+        action="store_true",
+        help="add it even when no rule of the config matches --rule (a rule about to be deployed)",
+    )
     listing = verbs.add_parser("list", help="the silences in force and to come")
     listing.add_argument("--all", action="store_true", help="ended and expired ones too")
     listing.add_argument("--format", choices=["table", "json"], default="table", help="default table")
@@ -852,13 +885,21 @@ def cmd_silence(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard silence add: {exc}", file=sys.stderr)
             return 2
-    path = _state_database(args, "silence")
+    loaded: list[Any] = []
+    path = _state_database(args, "silence", loaded)
     if path is None:
         return 1
+    unmatched: list[str] = []
 
     async def act() -> Any:
         async with opened(path) as store:
             if args.verb == "add":
+                recorded = await store.call(rulenames.recorded_rules, synced=False)
+                mistake = rulenames.silence_mistake(loaded[0], args.rule, recorded, hint=not args.force)
+                if mistake is not None:
+                    unmatched.append(mistake)
+                    if not args.force:
+                        return None
                 author = args.author or os.environ.get("SUDO_USER") or os.environ.get("USER") or "?"
                 return await store.call(
                     partial(silences.add, rule=args.rule, match=match, starts=now, ends=ends,
@@ -874,7 +915,17 @@ def cmd_silence(args: argparse.Namespace) -> int:
         print(f"specguard silence: {exc}", file=sys.stderr)
         return 1
     if args.verb == "add":
+        if result is None:
+            print(f"specguard silence add: {unmatched[0]}", file=sys.stderr)
+            print("(--force adds the silence all the same, for a rule about to be deployed)", file=sys.stderr)
+            return rulenames.USAGE
         print(f"silence {result.id}: {_silence_line(result)}")
+        if unmatched:
+            print(
+                f"specguard silence add: warning: added with --force: {unmatched[0]}; it holds nothing "
+                "back until such a rule runs",
+                file=sys.stderr,
+            )
         return 0
     if args.verb == "expire":
         if result is None:
