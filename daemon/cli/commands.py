@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="validate the config and rule files",
         description="Validate the config, its rule files, baseline and actions, like `promtool check "
-        "rules`. Prints every problem as file:line: field: message. Exit 0 when valid, 1 otherwise.",
+        "rules`. Prints every problem at once as file:line: field: message, and warnings (an action no "
+        "rule names, a rule that will report an error for want of a baseline or a draft cost). "
+        "Exit 0 when valid (warnings or not), 1 otherwise.",
     )
     _add_config(check)
     check.add_argument(
@@ -114,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate every rule once now and print the result",
         description="Evaluate every enabled rule once and print value, threshold and state per series. "
         "On a scrape source it takes two scrapes --sample-gap seconds apart, so rates exist. "
-        "States are computed from scratch: a breach with `for` shows as pending.",
+        "States are computed from scratch: a breach with `for` shows as pending. "
+        "Exit 0 when every source was read; 1 when the config has errors, or a target or "
+        "Prometheus could not be read (the table is printed all the same); 2 when a --rule names "
+        "no enabled rule of the config.",
     )
     _add_config(ev)
     _add_source_overrides(ev)
@@ -140,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(history)
     history.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
-    history.add_argument("--rule", metavar="NAME", help="only this rule")
+    history.add_argument(
+        "--rule",
+        metavar="NAME",
+        help="only this rule (of the config, or recorded in the database; else exit 2)",
+    )
     history.add_argument("--since", metavar="DURATION", help="only changes this recent, e.g. 24h")
     history.add_argument("--limit", type=int, default=50, metavar="N", help="how many changes (default 50)")
     history.add_argument("--format", choices=["table", "json"], default="table", help="default table")
@@ -843,7 +852,11 @@ def _add_silence(sub: Any) -> None:
     )
     verbs = silence.add_subparsers(dest="verb", metavar="VERB", required=True)
     add = verbs.add_parser("add", help="add a silence", description="Add a silence, starting now.")
-    add.add_argument("--rule", required=True, help="the rule's name, or a glob (acceptance_*)")
+    add.add_argument(
+        "--rule",
+        required=True,
+        help="the rule's name, or a glob (acceptance_*); one that matches no rule is refused (exit 2)",
+    )
     add.add_argument(
         "--match",
         action="append",
