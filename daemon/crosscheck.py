@@ -38,6 +38,7 @@ class RuleRef:
     actions: tuple[str, ...] = ()
     rule: Rule | None = None
     loaded: bool = True  # among the rules that run; False: left out for its own errors
+    mentioned: tuple[str, ...] = ()  # names in an `actions` in error (`actions: fallback`): in use
 
 
 def ref_of(item: LoadedRule) -> RuleRef:
@@ -52,20 +53,22 @@ def left_out(raw: Any, error: ValidationError, file: str, line: int | None, inde
         return RuleRef(file, line, index)
     lines = raw.key_lines if isinstance(raw, LineDict) else {}
     in_error = {str(item["loc"][0]) for item in error.errors() if item["loc"]}
+    given = raw.get("actions")
+    mentioned = tuple(v for v in (given if isinstance(given, list) else [given]) if isinstance(v, str))
     try:
         rule = Rule.model_validate({k: v for k, v in raw.items() if k not in in_error})
     except ValidationError:
         rule = None
-    if rule is not None:
-        return RuleRef(file, line, index, lines, rule.name, rule.actions, rule, loaded=False)
-    name = raw.get("name") if "name" not in in_error and isinstance(raw.get("name"), str) else None
     actions: tuple[str, ...] = ()
     if "actions" not in in_error:
         try:
             actions = _ACTION_NAMES.validate_python(raw.get("actions", ("log",)))
         except ValidationError:
             actions = ()
-    return RuleRef(file, line, index, lines, name, actions, None, loaded=False)
+    if rule is not None:
+        return RuleRef(file, line, index, lines, rule.name, actions, rule, False, mentioned)
+    name = raw.get("name") if "name" not in in_error and isinstance(raw.get("name"), str) else None
+    return RuleRef(file, line, index, lines, name, actions, None, False, mentioned)
 
 
 def _problem(ref: RuleRef, key: str, message: str, warning: bool = False) -> Problem:
@@ -183,7 +186,7 @@ def _check_unused_actions(loaded: Loaded, refs: Sequence[RuleRef], data: Any) ->
     spells it differently. Builtin actions (``log``) are always there and never reported."""
     if "actions" in loaded.invalid_keys:
         return
-    used = {action for ref in refs for action in ref.actions}
+    used = {action for ref in refs for action in (*ref.actions, *ref.mentioned)}
     for built in loaded.actions.values():
         used.update(built.uses())
     for name in loaded.unbuilt_actions:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from daemon.engine import SeriesState, State, series_key
 from daemon.store import Store
 from tests.processes import specguard
@@ -82,7 +84,7 @@ async def test_eval_exits_1_naming_each_target_it_could_not_read(
     )  # fmt: skip
     assert code == 1, err
     (row,) = json.loads(out)  # what could be read is still shown: the target that answered
-    assert (row["rule"], row["value"], row["state"]) == ("acceptance_low", 0.6, "firing")
+    assert (row["rule"], row["value"], row["state"]) == ("acceptance_low", pytest.approx(0.6), "firing")
     message = err[err.index("specguard eval: ") :].splitlines()
     assert message[0] == "specguard eval: could not read 1 of 2 targets (the rules saw no data from them):"
     assert message[1].startswith(f"  {down}: ")

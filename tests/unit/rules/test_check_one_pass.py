@@ -216,12 +216,21 @@ def test_an_action_no_rule_names_is_a_warning_at_its_line(capsys: pytest.Capture
     ]
 
 
-def test_an_action_named_only_by_a_rule_in_error_is_not_unused(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("rule", "field"),
+    [
+        (FALLBACK_RULE + "    for: soon\n", "rules[0].for"),  # another field in error
+        (FALLBACK_RULE.replace("[fallback]", "fallback"), "rules[0].actions"),  # not a list
+    ],
+)
+def test_an_action_named_only_by_a_rule_in_error_is_not_unused(
+    capsys: pytest.CaptureFixture[str], rule: str, field: str
+) -> None:
     write("cfg.yaml", "rules: [rules.yaml]\nactions:\n" + FLAG)
-    write("rules.yaml", "rules:\n" + FALLBACK_RULE + "    for: soon\n")
+    write("rules.yaml", "rules:\n" + rule)
     code, _, err = check(capsys)
     assert code == 1
-    assert [line.split(": ", 2)[1] for line in errors(err)] == ["rules[0].for"]
+    assert [line.split(": ", 2)[1] for line in errors(err)] == [field]
     assert warnings(err) == []
 
 
