@@ -253,6 +253,19 @@ def test_actions_used_by_another_action_or_the_report_are_not_unused(
     assert warnings(err) == []
 
 
+def test_the_flag_a_broken_vllm_restart_drains_through_is_not_unused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the restart cannot be built (its ladder is in error), but its drain still names the flag
+    broken = SHRINK.replace("ladder: [3, 0]", "ladder: three") + "    drain: fallback\n"
+    write("cfg.yaml", "rules: [rules.yaml]\nactions:\n" + FLAG + broken)
+    write("rules.yaml", "rules:\n" + FALLBACK_RULE.replace("[fallback]", "[shrink]"))
+    code, _, err = check(capsys)
+    assert code == 1
+    assert [line.split(": ", 2)[1] for line in errors(err)] == ["actions.shrink.ladder"]
+    assert warnings(err) == []
+
+
 def test_a_vllm_restart_no_rule_names_is_said_to_step_only_by_hand(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
