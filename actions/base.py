@@ -156,6 +156,10 @@ class Action(ABC):
         """How long a rule must stay resolved before ``restore`` is called."""
         return 0.0
 
+    def uses(self) -> tuple[str, ...]:
+        """The names of the config's other actions this one uses (a drain's feature flag)."""
+        return ()
+
     def connect(self, actions: Mapping[str, Action]) -> None:
         """Called once every action of the config is built: an action that uses another (a drain
         through a feature flag) finds it here. Raises ValueError when it is not there."""

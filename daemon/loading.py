@@ -21,10 +21,11 @@ from actions import ACTION_TYPES, BUILTIN_INSTANCES, Action
 from common.secrets import SecretRef
 from daemon.baseline import Baseline, parse_baseline
 from daemon.config import CREDENTIAL_NAME, MOVED_KEYS, Config
+from daemon.crosscheck import RuleRef, cross_check, left_out, ref_of
 from daemon.yamlfile import FileProblems, LineDict, Problem, line_of, load_yaml, validation_problems
 from rules.matchers import Matcher
 from rules.schema import Rule, RuleFile
-from rules.signals import CATALOG, DEFAULT_GROUP_BY
+from rules.signals import DEFAULT_GROUP_BY
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -67,6 +68,11 @@ class Loaded:
     problems: list[Problem] = field(default_factory=list)
     webhook_token: str | None = None  # the bearer token the webhook wants, read once here
     prometheus_token: str | None = None  # the bearer token sent to Prometheus, read once here
+    # Top-level config keys in error: left at their defaults so the rest is checked, and the checks
+    # that depend on them skipped (their own errors are listed).
+    invalid_keys: frozenset[str] = frozenset()
+    # Actions the config declares that could not be built (their errors are listed).
+    unbuilt_actions: frozenset[str] = frozenset()
 
     @property
     def errors(self) -> list[Problem]:
@@ -122,28 +128,57 @@ def load(
         if key in data
     ]
     raw = _merged({k: v for k, v in data.items() if k not in MOVED_KEYS}, overrides)
+    invalid: frozenset[str] = frozenset()
     try:
         # Paths inside secret references ({file: ...}) are relative to the config's directory.
         config = Config.model_validate(raw, context={"base": base_dir})
     except ValidationError as exc:
-        return Loaded(Config(), label, problems=[*moved, *validation_problems(label, data, exc)])
+        moved = [*moved, *validation_problems(label, data, exc)]
+        salvaged = _without_keys_in_error(raw, exc, base_dir)
+        if salvaged is None:
+            return Loaded(Config(), label, problems=moved)
+        config, invalid = salvaged
     config = _resolve_paths(config, base_dir)
-    loaded = Loaded(config, label, problems=moved)
+    loaded = Loaded(config, label, problems=moved, invalid_keys=invalid)
     loaded.actions = _load_actions(config, data, label, loaded.problems, base_dir)
+    loaded.unbuilt_actions = frozenset(config.actions) - frozenset(loaded.actions)
     loaded.baseline = _load_baseline(config, data, label, loaded.problems)
     _check_report_slack(loaded, data)
     _check_report_history(loaded, data)
-    patterns = list(rule_files) or list(config.rules)
+    patterns = list(rule_files) or ([] if "rules" in invalid else list(config.rules))
     # Files named on the command line are relative to where the command runs, like promtool's;
     # files named in the config are relative to the config.
     rules_base = Path.cwd() if rule_files else base_dir
+    before = len(loaded.errors)
     files = _expand(patterns, rules_base, data, label, loaded.problems, explicit=bool(rule_files))
+    every_rule = not rule_files and "rules" not in invalid and len(loaded.errors) == before
+    refs: list[RuleRef] = []
     for file_label, path in files:
-        loaded.rules.extend(_load_rule_file(path, file_label, loaded.problems))
-    _cross_check(loaded)
+        found = _load_rule_file(path, file_label, loaded.problems, refs)
+        every_rule = every_rule and found is not None
+        loaded.rules.extend(found or ())
+    cross_check(loaded, refs, data, every_rule)
     loaded.prometheus_token = _prometheus_token(config, data, label, loaded.problems)
     loaded.webhook_token = _webhook_token(config, data, label, loaded.problems)
     return loaded
+
+
+def _without_keys_in_error(
+    raw: Mapping[str, Any], error: ValidationError, base: Path
+) -> tuple[Config, frozenset[str]] | None:
+    """The config with its top-level keys in error left at their defaults, and those keys; None when
+    an error is not under a key (then nothing more can be checked)."""
+    locations = [item["loc"] for item in error.errors()]
+    if not all(locations):
+        return None
+    keys = frozenset(str(loc[0]) for loc in locations)
+    try:
+        config = Config.model_validate(
+            {k: v for k, v in raw.items() if k not in keys}, context={"base": base}
+        )
+    except ValidationError:
+        return None
+    return config, keys
 
 
 def _merged(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,17 +251,21 @@ def _expand(
     return list(dict.fromkeys(files))
 
 
-def _load_rule_file(path: Path, label: str, problems: list[Problem]) -> list[LoadedRule]:
+def _load_rule_file(
+    path: Path, label: str, problems: list[Problem], refs: list[RuleRef]
+) -> list[LoadedRule] | None:
+    """The file's valid rules; every rule read, valid or not, also goes to ``refs`` for the
+    cross-checks. None when the file cannot be read as a rule file at all."""
     try:
         data = load_yaml(path, label=label)
     except FileProblems as exc:
         problems.extend(exc.problems)
-        return []
+        return None
     if not isinstance(data, dict):
         problems.append(
             Problem(label, line_of(data, ()), "", "a rule file is a mapping with a `rules:` list")
         )
-        return []
+        return None
     out: list[LoadedRule] = []
     raw_rules = data.get("rules")
     try:
@@ -234,89 +273,20 @@ def _load_rule_file(path: Path, label: str, problems: list[Problem]) -> list[Loa
     except ValidationError as exc:
         problems.extend(validation_problems(label, data, exc))
         if not isinstance(raw_rules, list):
-            return []
-    # Keep every rule that is valid on its own, so one typo does not hide the other rules' problems.
+            return None
+    # Keep every rule that is valid on its own, so one typo does not hide the other rules' problems;
+    # one that is not is still cross-checked with what is valid of it.
     for index, raw in enumerate(raw_rules or []):
+        line = line_of(data, ("rules", index))
         try:
             rule = Rule.model_validate(raw)
-        except ValidationError:
+        except ValidationError as exc:
+            refs.append(left_out(raw, exc, label, line, index))
             continue
         lines = raw.key_lines if isinstance(raw, LineDict) else {}
-        out.append(LoadedRule(rule, label, line_of(data, ("rules", index)), index, dict(lines)))
+        out.append(LoadedRule(rule, label, line, index, dict(lines)))
+        refs.append(ref_of(out[-1]))
     return out
-
-
-def _rule_problem(rule: LoadedRule, key: str, message: str, warning: bool = False) -> Problem:
-    line = rule.key_lines.get(key, rule.line)
-    return Problem(rule.file, line, f"rules[{rule.index}].{key}", message, warning)
-
-
-def _cross_check(loaded: Loaded) -> None:
-    seen: dict[str, LoadedRule] = {}
-    kind = loaded.config.sources.kind
-    for item in loaded.rules:
-        rule = item.rule
-        if rule.name in seen:
-            first = seen[rule.name]
-            loaded.problems.append(
-                _rule_problem(
-                    item, "name", f"duplicate rule name {rule.name!r} (first at {first.file}:{first.line})"
-                )
-            )
-        seen.setdefault(rule.name, item)
-        if rule.expr is not None:
-            if kind != "prometheus":
-                loaded.problems.append(
-                    _rule_problem(
-                        item,
-                        "expr",
-                        "raw PromQL needs the prometheus source; this config scrapes /metrics",
-                    )
-                )
-            if rule.group_by is not None:
-                loaded.problems.append(
-                    _rule_problem(item, "group_by", "group_by applies to signals; write `sum by` in expr")
-                )
-            if rule.match:
-                loaded.problems.append(
-                    _rule_problem(item, "match", "match applies to signals; write the selector in expr")
-                )
-        for action in rule.actions:
-            if action not in loaded.actions:
-                known = ", ".join(sorted(loaded.actions)) or "none"
-                loaded.problems.append(
-                    _rule_problem(item, "actions", f"unknown action {action!r}; configured: {known}")
-                )
-        baseline_signal = rule.test.baseline_signal
-        if baseline_signal is not None:
-            if baseline_signal not in CATALOG:
-                loaded.problems.append(
-                    _rule_problem(item, "condition", f"baseline.{baseline_signal}: no such signal")
-                )
-            elif loaded.baseline is None and loaded.config.baseline is None:
-                loaded.problems.append(
-                    _rule_problem(
-                        item,
-                        "condition",
-                        "refers to the baseline, but no baseline file is configured: "
-                        "the rule reports an error until one is",
-                        warning=True,
-                    )
-                )
-            elif loaded.baseline is not None and baseline_signal not in loaded.baseline.signals_named():
-                loaded.problems.append(
-                    _rule_problem(item, "condition", f"the baseline has no value for {baseline_signal!r}")
-                )
-        if rule.signal == "estimated_speedup" and loaded.config.baseline is None:
-            loaded.problems.append(
-                _rule_problem(
-                    item,
-                    "signal",
-                    "estimated_speedup needs the draft's cost from a baseline file (speculative.method or "
-                    "draft_cost): the rule reports an error until one is configured",
-                    warning=True,
-                )
-            )
 
 
 def _load_actions(
@@ -355,6 +325,8 @@ def _load_actions(
         try:
             action.connect(actions)
         except ValueError as exc:  # names an action that is not there, or of the wrong type
+            if any(used in declared and used not in actions for used in action.uses()):
+                continue  # it names one that could not be built: that one's error is listed
             problems.append(Problem(label, line_of(data, ("actions", name)), f"actions.{name}", str(exc)))
     return actions
 
@@ -364,6 +336,8 @@ def _check_report_history(loaded: Loaded, data: Any) -> None:
     figures, come only from the servers listed under history.scrape."""
     config = loaded.config
     if config.sources.prometheus is None or not config.history.enabled or config.history.scrape is not None:
+        return
+    if "history" in loaded.invalid_keys:  # its targets may be what is in error
         return
     loaded.problems.append(
         Problem(
@@ -379,7 +353,7 @@ def _check_report_history(loaded: Loaded, data: Any) -> None:
 
 def _check_report_slack(loaded: Loaded, data: Any) -> None:
     name = loaded.config.report.slack
-    if name is None:
+    if name is None or "actions" in loaded.invalid_keys:
         return
     action = loaded.actions.get(name)
     why = (
@@ -468,6 +442,8 @@ def check_state_dir(loaded: Loaded, data: Any = None) -> Problem | None:
     Nothing is created: the directory, or the nearest directory above it that exists, must be
     writable.
     """
+    if "state_dir" in loaded.invalid_keys:  # its own error is listed
+        return None
     directory = loaded.config.resolved_state_dir()
     line = line_of(data, ("state_dir",)) if data is not None else None
     where = (loaded.config_file or "<defaults>", line, "state_dir")

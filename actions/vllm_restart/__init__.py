@@ -180,6 +180,9 @@ class VllmRestartAction(Action):
         )
         self._drain: FeatureFlagAction | None = None
 
+    def uses(self) -> tuple[str, ...]:
+        return () if self.p.drain is None else (self.p.drain,)
+
     def connect(self, actions: Mapping[str, Action]) -> None:
         if self.p.drain is None:
             return

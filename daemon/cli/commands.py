@@ -19,6 +19,7 @@ from daemon import __version__
 from daemon.cli import backup as cli_backup
 from daemon.cli import ladder as cli_ladder
 from daemon.cli import report as cli_report
+from daemon.cli import rulenames, unread
 
 DESCRIPTION = """\
 specguard watches speculative decoding on vLLM: it evaluates YAML rules over vLLM's metrics
@@ -98,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="validate the config and rule files",
         description="Validate the config, its rule files, baseline and actions, like `promtool check "
-        "rules`. Prints every problem as file:line: field: message. Exit 0 when valid, 1 otherwise.",
+        "rules`. Prints every problem at once as file:line: field: message, and warnings (an action no "
+        "rule names, a rule that will report an error for want of a baseline or a draft cost). "
+        "Exit 0 when valid (warnings or not), 1 otherwise.",
     )
     _add_config(check)
     check.add_argument(
@@ -113,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate every rule once now and print the result",
         description="Evaluate every enabled rule once and print value, threshold and state per series. "
         "On a scrape source it takes two scrapes --sample-gap seconds apart, so rates exist. "
-        "States are computed from scratch: a breach with `for` shows as pending.",
+        "States are computed from scratch: a breach with `for` shows as pending. "
+        "Exit 0 when every source was read; 1 when the config has errors, or a target or "
+        "Prometheus could not be read (the table is printed all the same); 2 when a --rule names "
+        "no enabled rule of the config.",
     )
     _add_config(ev)
     _add_source_overrides(ev)
@@ -140,7 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(history)
     history.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
-    history.add_argument("--rule", metavar="NAME", help="only this rule")
+    history.add_argument(
+        "--rule",
+        metavar="NAME",
+        help="only this rule (of the config, or recorded in the database; else exit 2)",
+    )
     history.add_argument("--since", metavar="DURATION", help="only changes this recent, e.g. 24h")
     history.add_argument("--limit", type=int, default=50, metavar="N", help="how many changes (default 50)")
     history.add_argument("--format", choices=["table", "json"], default="table", help="default table")
@@ -350,6 +360,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not loaded.ok:
         _print_problems(loaded)
         return 1
+    mistake = rulenames.eval_mistake(loaded, args.rule or ())
+    if mistake is not None:
+        print(f"specguard eval: {mistake}", file=sys.stderr)
+        return rulenames.USAGE
     alerts = None
     if args.alerts is not None:
         try:
@@ -357,11 +371,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard eval: {exc}", file=sys.stderr)
             return 1
-    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ()), alerts))
+    failures: list[str] = []
+    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ()), alerts, failures))
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
         _print_table(rows)
+    if failures:
+        print(unread.message(loaded, failures), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -406,7 +424,10 @@ def _trigger_of(item: Any, alerts: Any) -> str:
     return trigger_of(concerned, "--alerts") if concerned else "schedule"
 
 
-async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = None) -> list[dict[str, Any]]:
+async def _evaluate_once(
+    loaded: Any, gap: float, only: set[str], alerts: Any = None, failures: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per rule and series; what the source could not read goes to ``failures``."""
     from daemon.evaluation import evaluate_rule
     from daemon.runtime import make_source
     from daemon.status import detector_row
@@ -460,6 +481,9 @@ async def _evaluate_once(loaded: Any, gap: float, only: set[str], alerts: Any = 
                         **detector_row(item.rule.detect, series, interval),
                     }
                 )
+        evaluated = [i for i in loaded.enabled_rules() if not only or i.name in only]
+        if failures is not None and not all(i.rule.alert_only for i in evaluated):  # the source was read
+            failures.extend(await unread.unread(source))
     finally:
         await source.close()
     return rows
@@ -554,9 +578,11 @@ def _run_cell(run: dict[str, Any]) -> str:
     return cell
 
 
-def _state_database(args: argparse.Namespace, command: str) -> Path | None:
+def _state_database(
+    args: argparse.Namespace, command: str, loaded_out: list[Any] | None = None
+) -> Path | None:
     """The state database of the config's state_dir (or --state-dir); None, said, when there is
-    none or the config is wrong."""
+    none or the config is wrong. The loaded config goes to ``loaded_out``."""
     from daemon.loading import load
     from daemon.runtime import STORE_FILE
 
@@ -565,6 +591,8 @@ def _state_database(args: argparse.Namespace, command: str) -> Path | None:
     if not loaded.ok:
         _print_problems(loaded)
         return None
+    if loaded_out is not None:
+        loaded_out.append(loaded)
     path = loaded.config.resolved_state_dir() / STORE_FILE
     if not path.is_file():
         print(
@@ -588,12 +616,18 @@ def cmd_history(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard history: --since: {exc}", file=sys.stderr)
             return 2
-    path = _state_database(args, "history")
+    loaded: list[Any] = []
+    path = _state_database(args, "history", loaded)
     if path is None:
         return 1
 
-    async def read() -> list[dict[str, Any]]:
+    async def read() -> list[dict[str, Any]] | str:
         async with opened(path) as store:
+            if args.rule is not None:
+                recorded = await store.call(rulenames.recorded_rules, synced=False)
+                mistake = rulenames.history_mistake(loaded[0], args.rule, recorded)
+                if mistake is not None:
+                    return mistake
             return await store.history(args.rule, max(1, args.limit), since)
 
     try:
@@ -601,6 +635,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"specguard history: {exc}", file=sys.stderr)
         return 1
+    if isinstance(events, str):
+        print(f"specguard history: {events}", file=sys.stderr)
+        return rulenames.USAGE
     if args.format == "json":
         print(json.dumps(events, indent=2))
         return 0
@@ -817,7 +854,11 @@ def _add_silence(sub: Any) -> None:
     )
     verbs = silence.add_subparsers(dest="verb", metavar="VERB", required=True)
     add = verbs.add_parser("add", help="add a silence", description="Add a silence, starting now.")
-    add.add_argument("--rule", required=True, help="the rule's name, or a glob (acceptance_*)")
+    add.add_argument(
+        "--rule",
+        required=True,
+        help="the rule's name, or a glob (acceptance_*); one that matches no rule is refused (exit 2)",
+    )
     add.add_argument(
         "--match",
         action="append",
@@ -828,6 +869,11 @@ def _add_silence(sub: Any) -> None:
     add.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="how long, e.g. 2h")
     add.add_argument("--reason", required=True, help="why, for whoever is on call next")
     add.add_argument("--author", help="who (default: $SUDO_USER or $USER)")
+    add.add_argument(
+        "--force",
+        action="store_true",
+        help="add it even when no rule of the config matches --rule (a rule about to be deployed)",
+    )
     listing = verbs.add_parser("list", help="the silences in force and to come")
     listing.add_argument("--all", action="store_true", help="ended and expired ones too")
     listing.add_argument("--format", choices=["table", "json"], default="table", help="default table")
@@ -854,13 +900,21 @@ def cmd_silence(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard silence add: {exc}", file=sys.stderr)
             return 2
-    path = _state_database(args, "silence")
+    loaded: list[Any] = []
+    path = _state_database(args, "silence", loaded)
     if path is None:
         return 1
+    unmatched: list[str] = []
 
     async def act() -> Any:
         async with opened(path) as store:
             if args.verb == "add":
+                recorded = await store.call(rulenames.recorded_rules, synced=False)
+                mistake = rulenames.silence_mistake(loaded[0], args.rule, recorded, hint=not args.force)
+                if mistake is not None:
+                    unmatched.append(mistake)
+                    if not args.force:
+                        return None
                 author = args.author or os.environ.get("SUDO_USER") or os.environ.get("USER") or "?"
                 return await store.call(
                     partial(silences.add, rule=args.rule, match=match, starts=now, ends=ends,
@@ -876,7 +930,17 @@ def cmd_silence(args: argparse.Namespace) -> int:
         print(f"specguard silence: {exc}", file=sys.stderr)
         return 1
     if args.verb == "add":
+        if result is None:
+            print(f"specguard silence add: {unmatched[0]}", file=sys.stderr)
+            print("(--force adds the silence all the same, for a rule about to be deployed)", file=sys.stderr)
+            return rulenames.USAGE
         print(f"silence {result.id}: {_silence_line(result)}")
+        if unmatched:
+            print(
+                f"specguard silence add: warning: added with --force: {unmatched[0]}; it holds nothing "
+                "back until such a rule runs",
+                file=sys.stderr,
+            )
         return 0
     if args.verb == "expire":
         if result is None:

@@ -55,10 +55,12 @@ async def test_eval_once_json_reports_value_threshold_and_state_per_series(vllm:
 
 
 async def test_eval_once_table_on_the_default_rules_and_an_unreachable_server(unused_tcp_port: int) -> None:
-    code, out, err = await specguard(
-        "eval", "--once", "--scrape", f"http://127.0.0.1:{unused_tcp_port}/metrics", "--sample-gap", "0"
+    url = f"http://127.0.0.1:{unused_tcp_port}/metrics"
+    code, out, err = await specguard("eval", "--once", "--scrape", url, "--sample-gap", "0")
+    assert code == 1  # the table, and a failure: nothing could be read
+    assert (
+        f"specguard eval: could not read 1 of 1 target (the rules saw no data from them):\n  {url}: " in err
     )
-    assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == [
         "RULE",

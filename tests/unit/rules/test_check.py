@@ -62,7 +62,8 @@ BASELINE = """\
   "signals": {
     "e2e_latency_p95": 1.84,
     "ttft_p95": 0.21
-  }
+  },
+  "speculative": {"method": "eagle3"}
 }
 """
 
@@ -186,7 +187,7 @@ def test_a_full_config_with_its_rules_actions_and_baseline_is_valid(
     # then the baseline entry each rule that reads the baseline uses
     assert rest[0] == "baseline baseline.json (version 1, 1 entry):"
     assert "  latency_regression: default baseline: e2e_latency_p95 = 1.84" in rest
-    assert "  speculation_unprofitable: default baseline: no draft cost" in rest
+    assert "  speculation_unprofitable: default baseline: draft cost c = 0.05" in rest
 
 
 def test_an_empty_config_file_means_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
