@@ -346,8 +346,9 @@ async def test_tokens_without_text_are_output_all_the_same() -> None:
 async def test_ctrl_c_reports_what_was_measured_and_writes_no_baseline(
     spec: Simulator, tmp_path: Path
 ) -> None:
+    # 1,000 requests: the run cannot end on its own before the interrupt, however fast the machine.
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", "bench", "--url", spec.url, "--classes", "chat", "--max-tokens", "40",
+        sys.executable, "-m", "daemon", "bench", "--url", spec.url, "--classes", "chat", "--max-tokens", "40", "--num-prompts", "1000",
         "--concurrency", "2", "--warmup", "0", "--write-baseline", str(tmp_path / "baseline.json"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
