@@ -64,6 +64,7 @@ def rule_rows(
             "signal": rule.signal,
             "expr": rule.expr,
             "condition": str(rule.test),
+            "window": every if rule.detect is not None else rule.window,  # what its value is over
             "severity": rule.severity.value,
             "shadow": rule.shadow,
             "alert": [str(m) for m in rule.alert.matchers] if rule.alert is not None else None,
