@@ -9,6 +9,7 @@ the reason, and the rest is still shown.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -25,6 +26,9 @@ from daemon.store import Store, StoreError
 
 # Changes of a ladder shown with it (``specguard ladder show`` lists more).
 LADDER_LOG = 3
+# How long the store's part may take: a store that stalls (a disk that hangs) must not hold the
+# status, which health checks and on-call read when things go wrong.
+STORE_WAIT = 2.0
 
 
 async def gather(
@@ -46,34 +50,54 @@ async def gather(
     }
     out["store"] = {**status.get("store", {}), "bytes": _size(store.path)}
     problems: list[str] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STORE_WAIT  # for the whole of the store's part
     try:
-        found = await store.call(partial(silences.listed, now=now))
+        async with asyncio.timeout_at(deadline):
+            found = await store.call(partial(silences.listed, now=now))
         out["silences"] = [
             {**asdict(item), "state": "active" if item.active(now) else "pending"} for item in found
         ]
-    except StoreError as exc:
+    except (StoreError, TimeoutError) as exc:
         out["silences"] = None
-        problems.append(f"silences: {exc}")
+        problems.append(f"silences: {_why(exc)}")
     fallbacks = {name: dict(shown) for name, shown in status.get("fallbacks", {}).items()}
-    ladders = []
+    ladders: list[dict[str, Any]] = []
     for name, action in sorted(actions.items()):
+        if not isinstance(action, FeatureFlagAction | VllmRestartAction):
+            continue
+        if loop.time() >= deadline:  # the store has had its time: not asked again
+            problems.append(f"{name}: {_why(TimeoutError())}")
+            continue
         try:
-            if isinstance(action, FeatureFlagAction):
-                record = record_of(await store.memory_read(name, "flag"))
-                plan = fallbacks.setdefault(
-                    name, {"should_be": None, "why": "not looked at yet", "holders": [], "restore_at": None}
-                )
-                plan["is"], plan["is_since"] = record["state"], record.get("since")
-            elif isinstance(action, VllmRestartAction):
-                shown = await action.show(StoreMemory(store, name))
-                ladders.append({**shown, "log": shown["log"][-LADDER_LOG:]})
-        except StoreError as exc:
-            problems.append(f"{name}: {exc}")
+            async with asyncio.timeout_at(deadline):
+                await _action_part(name, action, store, fallbacks, ladders)
+        except (StoreError, TimeoutError) as exc:
+            problems.append(f"{name}: {_why(exc)}")
     out["fallbacks"] = fallbacks
     out["ladders"] = ladders
     if problems:
         out["store"]["read_error"] = "; ".join(problems)
     return out
+
+
+async def _action_part(
+    name: str, action: Action, store: Store, fallbacks: dict[str, Any], ladders: list[dict[str, Any]]
+) -> None:
+    """What a feature flag was last confirmed to be (beside its plan); a ladder's k and changes."""
+    if isinstance(action, FeatureFlagAction):
+        record = record_of(await store.memory_read(name, "flag"))
+        plan = fallbacks.setdefault(
+            name, {"should_be": None, "why": "not looked at yet", "holders": [], "restore_at": None}
+        )
+        plan["is"], plan["is_since"] = record["state"], record.get("since")
+    elif isinstance(action, VllmRestartAction):
+        shown = await action.show(StoreMemory(store, name))
+        ladders.append({**shown, "log": shown["log"][-LADDER_LOG:]})
+
+
+def _why(exc: Exception) -> str:
+    return f"the store did not answer within {STORE_WAIT:g}s" if isinstance(exc, TimeoutError) else str(exc)
 
 
 def _size(path: Path) -> int | None:

@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
+from daemon import overview
 from daemon.dispatch import silences
 from daemon.loading import load
 from daemon.runtime import Daemon
@@ -262,3 +263,38 @@ async def test_api_status_holds_everything_status_shows(daemon: Daemon) -> None:
     doc = await daemon.overview()
     assert {"health", "now", "started_at", "silences", "ladders", "fallbacks", "waiting", "rules"} <= set(doc)
     assert {row["window"] for row in doc["rules"]} == {120.0, 300.0}
+
+
+async def test_a_store_that_stalls_leaves_its_part_out_and_says_so(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Health checks and on-call read the status when things go wrong: a hung disk must not hold it."""
+    monkeypatch.setattr(overview, "STORE_WAIT", 0.2)
+
+    class Stalled:
+        path = daemon.store.path
+        asked = 0
+
+        async def hang(self, *_: object) -> None:
+            self.asked += 1
+            await asyncio.sleep(3600)
+
+        call = memory_read = hang
+
+    store = Stalled()
+    started = time.monotonic()
+    doc = await overview.gather(
+        daemon.status(),
+        daemon.health(),
+        store,
+        daemon.dispatcher.actions,
+        time.time(),
+        daemon.started_at,  # type: ignore[arg-type]
+    )
+    assert time.monotonic() - started < 10  # not the hour the store would take
+    assert store.asked == 1 and doc["silences"] is None  # the deadline is for the whole of the store's part
+    assert doc["store"]["read_error"] == (
+        "silences: the store did not answer within 0.2s; fallback: the store did not answer within 0.2s; "
+        "shrink: the store did not answer within 0.2s"
+    )
+    assert doc["rules"] and doc["health"]["healthy"] is True  # what is in memory is still shown
