@@ -454,7 +454,7 @@ async def _evaluate_once(
                 item, source, loaded.baseline, previous, now, interval, alerts=alerts, trigger=trigger
             )
             what = item.rule.signal or item.rule.expr or "alerts"
-            window = window_of(item, loaded.config.interval)
+            window = None if item.rule.alert_only else window_of(item, loaded.config.interval)
             base = {"rule": item.name, "signal": what, "trigger": trigger, "window": window}
             base["over"] = cli_reading.over(window, sampled)[0]
             if not outcome.states:

@@ -104,17 +104,20 @@ def what_it_is(sampling: Sampling, kind: str, sampled: float | None) -> str:
     return textwrap.fill(text, WIDTH, break_on_hyphens=False)
 
 
-def over(window: float, sampled: float | None) -> tuple[float, str]:
-    """What a rule's value is over: seconds, and as the table shows it (``5s of 5m``)."""
+def over(window: float | None, sampled: float | None) -> tuple[float | None, str]:
+    """What a rule's value is over: seconds, and as the table shows it (``5s of 5m``); an alert
+    rule's is no window (None, ``-``)."""
+    if window is None:
+        return None, "-"
     if sampled is None or sampled >= window:
         return window, format_duration(window)
     return sampled, f"{format_wait(sampled)} of {format_duration(window)}"
 
 
-def note(row: dict[str, Any], window: float, sampled: float | None, scraped: bool) -> str | None:
+def note(row: dict[str, Any], window: float | None, sampled: float | None, scraped: bool) -> str | None:
     """Why a rule without data here may well have a value in the daemon: the reading was shorter
     than its window (``scraped``: every target answered, so the short reading is the reason)."""
-    if row["verdict"] != "no_data" or not scraped or sampled is None or sampled >= window:
+    if row["verdict"] != "no_data" or not scraped or window is None or sampled is None or sampled >= window:
         return None
     return f"no data in the {format_wait(sampled)} sampled; the daemon reads {format_duration(window)}"
 
