@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from enum import IntEnum
@@ -160,7 +161,7 @@ async def fetch(base: str, timeout: float) -> dict[str, Any]:
             body = await answer.content.read(MAX_BODY + 1)
             status, reason = answer.status, answer.reason
     except aiohttp.ClientConnectorError as exc:
-        why = exc.os_error.strerror if exc.os_error is not None and exc.os_error.strerror else str(exc)
+        why = _connect_error(exc.os_error)
         raise Unreachable(f"nothing answers at {base} ({why}): is the daemon running, and on this address? "
                           "(systemctl status specguard; --url or --config give the address)") from None  # fmt: skip
     except TimeoutError:
@@ -183,6 +184,15 @@ async def fetch(base: str, timeout: float) -> dict[str, Any]:
         raise NotSpecguard(f"{url} answered JSON without a specguard status's version, sources and rules: "
                            "is this specguard's address?")  # fmt: skip
     return document
+
+
+def _connect_error(error: OSError | None) -> str:
+    """``connection refused``, ``Name or service not known``..."""
+    if error is None:
+        return "no connection"
+    if not isinstance(error, socket.gaierror) and error.errno is not None and error.errno > 0:
+        return os.strerror(error.errno).lower()
+    return error.strerror or str(error)
 
 
 # --- text ---------------------------------------------------------------------------------------

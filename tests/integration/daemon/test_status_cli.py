@@ -184,10 +184,30 @@ async def test_nothing_listening_is_exit_3_with_what_to_do(unused_tcp_port: int)
     code, out, err = await specguard("status", "--url", f"http://127.0.0.1:{unused_tcp_port}")
     assert (code, out) == (3, "")
     (line,) = err.splitlines()
-    assert line.startswith(f"specguard status: nothing answers at http://127.0.0.1:{unused_tcp_port} (")
-    assert "is the daemon running" in line
+    assert line.startswith(
+        f"specguard status: nothing answers at http://127.0.0.1:{unused_tcp_port} (connection refused): "
+        "is the daemon running, and on this address?"
+    )
     code, _, err = await specguard("status", "--url", f"http://127.0.0.1:{unused_tcp_port}", "--json")
     assert code == 3 and "nothing answers" in err
+
+
+async def test_a_daemon_that_does_not_answer_in_time_is_exit_3() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # takes the request, never answers
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        code, out, err = await specguard("status", "--url", f"http://127.0.0.1:{port}", "--timeout", "0.5")
+    finally:
+        server.close()
+    assert (code, out) == (3, "")
+    assert (
+        err
+        == f"specguard status: http://127.0.0.1:{port} did not answer within 0.5s (a busy host: try --timeout)\n"
+    )
 
 
 def answering(status: int, body: bytes, content_type: str = "application/json") -> web.Application:
