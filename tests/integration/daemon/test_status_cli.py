@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -129,6 +130,18 @@ async def test_status_shows_rules_fallbacks_silences_and_ladders_as_the_daemon_s
     assert [s["id"] for s in doc["silences"]] == [1]
     assert doc["ladders"][0]["k"] == 4
     assert doc["now"] >= now and doc["store"]["bytes"] > 0
+
+    # acceptance back: the fallback stays engaged for its quiet period, and says until when
+    source.value = 0.8
+    await until(lambda: daemon.status()["fallbacks"]["fallback"]["should_be"] == "restored", "to be restored")
+    code, out, err = await specguard("status", "--url", url(daemon))
+    assert code == 0, err
+    lines = out.splitlines()
+    flags = lines.index("Fallbacks")
+    flag = lines[flags + 2]
+    assert flag.split()[:3] == ["fallback", "engaged", "since"]
+    assert re.search(r" restored +\d\d:\d\d:\d\d \(in (59m\d+s|1h)\)$", flag), flag  # after the quiet hour
+    assert lines[flags + 3].strip() == "nothing holds it"
 
 
 async def test_status_finds_the_daemon_from_the_config(tmp_path: Path, unused_tcp_port: int) -> None:
