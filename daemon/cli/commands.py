@@ -125,12 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_overrides(ev)
     ev.add_argument("--once", action="store_true", help="evaluate once (the only mode; kept explicit)")
     ev.add_argument("--sample-gap", type=float, default=5.0, metavar="SECONDS", help="default 5")
-    ev.add_argument(
-        "--window-from-rule",
-        action="store_true",
-        help="sample for the rules' own window (the longest of those evaluated) instead of --sample-gap, "
-        "scraping as often as the daemon does; takes as long as that window",
-    )
+    cli_reading.add_arguments(ev)
     ev.add_argument("--format", choices=["table", "json"], default="table", help="default table")
     ev.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
     ev.add_argument(

@@ -7,6 +7,7 @@ and that shows no data says so, since the daemon may well have a value for it.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import textwrap
 import time
@@ -17,6 +18,15 @@ from typing import Any
 from rules.durations import format_duration, format_wait
 
 WIDTH = 100  # the paragraphs' width
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--window-from-rule",
+        action="store_true",
+        help="sample for the rules' own window (the longest of those evaluated) instead of --sample-gap, "
+        "scraping as often as the daemon does; takes as long as that window",
+    )
 
 
 @dataclass(frozen=True)
