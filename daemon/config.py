@@ -165,7 +165,7 @@ class SourcesConfig(_Strict):
 DEFAULT_WEBHOOK_PATH = "/alertmanager"
 DEFAULT_WEBHOOK_MAX_BODY = 2**20
 CREDENTIAL_NAME = "webhook-token"  # the systemd credential the webhook token may come from
-_RESERVED_PATHS = ("/healthz", "/metrics", "/api/")
+_RESERVED_PATHS = ("/healthz", "/metrics", "/api/", "/silences/")
 
 
 class ServerConfig(_Strict):

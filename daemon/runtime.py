@@ -18,7 +18,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from common.schedule import cron, last_due
-from daemon import __version__, history, systemd
+from daemon import __version__, history, overview, page, systemd
 from daemon.alertmanager.book import AlertBook, Receipt, trigger_of
 from daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
 from daemon.alertmanager.payload import Message
@@ -199,6 +199,7 @@ class Daemon:
             *ladder.api_routes(
                 lambda: self.dispatcher.actions, self.store, lambda: self.loaded.webhook_token
             ),
+            *page.routes(self.overview, self.store.call, lambda: self.loaded.webhook_token),
         ]
         self._site_runner, self.port = await start_server(
             self, config.listen, config.port, webhook=webhook, routes=api
@@ -881,6 +882,12 @@ class Daemon:
             "waiting": self.dispatcher.waiting,  # runs deferred or waiting for their time, and why
             "rules": self.rule_rows(),
         }
+
+    async def overview(self) -> dict[str, Any]:
+        """/api/status, ``specguard status`` and the page: ``status()`` and what the store holds."""
+        return await overview.gather(
+            self.status(), self.health(), self.store, self.dispatcher.actions, time.time(), self.started_at
+        )
 
     def rule_rows(self) -> list[dict[str, Any]]:
         return rule_rows(

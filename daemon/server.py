@@ -1,5 +1,5 @@
 """The daemon's HTTP server: /healthz, /metrics (its own), /api/status, and the routes the runtime
-hands it (the Alertmanager webhook, /api/silences).
+hands it (the Alertmanager webhook, /api/silences, /api/ladder, the status page at /).
 
 It shows whatever implements :class:`Observed` (the running daemon) and knows nothing else of it,
 so the runtime depends on the server and not the other way round.
@@ -29,7 +29,12 @@ class Observed(Protocol):
         ...
 
     def status(self) -> dict[str, Any]:
-        """Every rule and series, as /api/status shows them."""
+        """Every rule and series, the targets, the flags' plans and the runs that wait (in memory)."""
+        ...
+
+    async def overview(self) -> dict[str, Any]:
+        """What /api/status returns: ``status()`` with the health, the silences and what the
+        actions hold (read from the store)."""
         ...
 
 
@@ -43,7 +48,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def api_status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[OBSERVED_KEY].status())
+    return web.json_response(await request.app[OBSERVED_KEY].overview())
 
 
 @dataclass(frozen=True)

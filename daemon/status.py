@@ -64,6 +64,8 @@ def rule_rows(
             "signal": rule.signal,
             "expr": rule.expr,
             "condition": str(rule.test),
+            # what its value is over (an alert rule's is the alerts Alertmanager holds now)
+            "window": None if rule.alert_only else every if rule.detect is not None else rule.window,
             "severity": rule.severity.value,
             "shadow": rule.shadow,
             "alert": [str(m) for m in rule.alert.matchers] if rule.alert is not None else None,

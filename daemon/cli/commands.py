@@ -18,8 +18,11 @@ from typing import Any
 from daemon import __version__
 from daemon.cli import backup as cli_backup
 from daemon.cli import ladder as cli_ladder
+from daemon.cli import reading as cli_reading
 from daemon.cli import report as cli_report
 from daemon.cli import rulenames, unread
+from daemon.cli import status as cli_status
+from daemon.statusview import detector_line
 
 DESCRIPTION = """\
 specguard watches speculative decoding on vLLM: it evaluates YAML rules over vLLM's metrics
@@ -31,6 +34,7 @@ examples:
   specguard check --config /etc/specguard/specguard.yaml
   specguard eval --once --scrape http://127.0.0.1:8000/metrics
   specguard run --config /etc/specguard/specguard.yaml
+  specguard status --config /etc/specguard/specguard.yaml
   specguard signals
   specguard history --config /etc/specguard/specguard.yaml --rule acceptance_low
 
@@ -113,10 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser(
         "eval",
-        help="evaluate every rule once now and print the result",
+        help="a fresh reading: evaluate every rule once now and print the result",
         description="Evaluate every enabled rule once and print value, threshold and state per series. "
-        "On a scrape source it takes two scrapes --sample-gap seconds apart, so rates exist. "
-        "States are computed from scratch: a breach with `for` shows as pending. "
+        "On a scrape source it takes two scrapes --sample-gap seconds apart, so rates exist, and each "
+        "rule's value is over that gap only (--window-from-rule: over the rule's own window). "
+        "States are computed from scratch: a breach with `for` shows as pending. This is a fresh "
+        "reading, not the daemon's view: `specguard status` shows what the running daemon sees. "
         "Exit 0 when every source was read; 1 when the config has errors, or a target or "
         "Prometheus could not be read (the table is printed all the same); 2 when a --rule names "
         "no enabled rule of the config.",
@@ -125,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_overrides(ev)
     ev.add_argument("--once", action="store_true", help="evaluate once (the only mode; kept explicit)")
     ev.add_argument("--sample-gap", type=float, default=5.0, metavar="SECONDS", help="default 5")
+    cli_reading.add_arguments(ev)
     ev.add_argument("--format", choices=["table", "json"], default="table", help="default table")
     ev.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
     ev.add_argument(
@@ -190,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     signals.add_argument("--window", default="5m", help="window used in the PromQL shown (default 5m)")
     signals.add_argument("--format", choices=["table", "json"], default="table")
     _add_export(sub)
+    cli_status.add_parser(sub, _add_config)
     cli_ladder.add_parser(sub, _add_config)
     cli_report.add_parser(sub, _add_config)
     cli_backup.add_parser(sub, _add_config)
@@ -223,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_silence(args)
         if args.command == "export":
             return cmd_export(args)
+        if args.command == "status":
+            return cli_status.cmd_status(args)
         if args.command == "ladder":
             return cli_ladder.cmd_ladder(args)
         if args.command == "report":
@@ -371,11 +381,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard eval: {exc}", file=sys.stderr)
             return 1
+    only = set(args.rule or ())
+    sampling = cli_reading.plan(loaded, only, args.sample_gap, args.window_from_rule)
+    kind = "prometheus" if loaded.config.sources.prometheus is not None else "scrape"
+    cli_reading.announce(sampling, kind, lambda line: print(line, file=sys.stderr))
     failures: list[str] = []
-    rows = asyncio.run(_evaluate_once(loaded, args.sample_gap, set(args.rule or ()), alerts, failures))
+    rows, sampled = asyncio.run(_evaluate_once(loaded, sampling, only, alerts, failures))
+    what = cli_reading.what_it_is(sampling, kind, sampled)
     if args.format == "json":
+        print(what, file=sys.stderr)  # stdout stays one JSON array
         print(json.dumps(rows, indent=2))
     else:
+        print(what)
+        print()
         _print_table(rows)
     if failures:
         print(unread.message(loaded, failures), file=sys.stderr)
@@ -425,10 +443,15 @@ def _trigger_of(item: Any, alerts: Any) -> str:
 
 
 async def _evaluate_once(
-    loaded: Any, gap: float, only: set[str], alerts: Any = None, failures: list[str] | None = None
-) -> list[dict[str, Any]]:
-    """One row per rule and series; what the source could not read goes to ``failures``."""
-    from daemon.evaluation import evaluate_rule
+    loaded: Any,
+    sampling: cli_reading.Sampling,
+    only: set[str],
+    alerts: Any = None,
+    failures: list[str] | None = None,
+) -> tuple[list[dict[str, Any]], float | None]:
+    """The rows, and the seconds the scrapes spanned (None: Prometheus, over each whole window);
+    what the source could not read goes to ``failures``."""
+    from daemon.evaluation import evaluate_rule, window_of
     from daemon.runtime import make_source
     from daemon.status import detector_row
 
@@ -436,10 +459,7 @@ async def _evaluate_once(
     rows: list[dict[str, Any]] = []
     stored = _stored_states(loaded) if any(i.rule.detect for i in loaded.enabled_rules()) else {}
     try:
-        if source.kind == "scrape":
-            await source.refresh()
-            await asyncio.sleep(gap)
-        await source.refresh()
+        sampled = await cli_reading.sample(source, sampling)
         now = time.time()
         for item in loaded.enabled_rules():
             if only and item.name not in only:
@@ -453,7 +473,9 @@ async def _evaluate_once(
                 item, source, loaded.baseline, previous, now, interval, alerts=alerts, trigger=trigger
             )
             what = item.rule.signal or item.rule.expr or "alerts"
-            base = {"rule": item.name, "signal": what, "trigger": trigger}
+            window = None if item.rule.alert_only else window_of(item, loaded.config.interval)
+            base = {"rule": item.name, "signal": what, "trigger": trigger, "window": window}
+            base["over"] = cli_reading.over(window, sampled)[0]
             if not outcome.states:
                 verdict = "error" if outcome.error else "warming_up" if result.warming else "no_data"
                 warming = ", ".join(sorted(result.warming))
@@ -486,7 +508,10 @@ async def _evaluate_once(
             failures.extend(await unread.unread(source))
     finally:
         await source.close()
-    return rows
+    scraped = not getattr(source, "last_errors", None)  # else the failed scrapes are the likelier reason
+    for row in rows:
+        row["note"] = cli_reading.note(row, row["window"], sampled, scraped)
+    return rows, sampled
 
 
 def _stored_states(loaded: Any) -> dict[str, Any]:
@@ -522,7 +547,7 @@ def _print_columns(table: Sequence[Sequence[str]], below: Mapping[int, Sequence[
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = ("RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE", "TRIGGER")
+    header = ("RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE", "OVER", "TRIGGER")
     table = [header]
     for row in rows:
         labels = ",".join(f"{k}={v}" for k, v in sorted(row["labels"].items())) or "-"
@@ -535,33 +560,21 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
                 _number(row["threshold"]),
                 row["verdict"],
                 row["state"],
+                cli_reading.over(row["window"], row["over"])[1],
                 row["trigger"].split(":", 1)[0],
             )
         )
     _print_columns(table)
+    notes = cli_reading.notes_line(rows)
+    if notes is not None:
+        print(notes)
     for row in rows:
         detector = row.get("detector")
         if detector:
-            print(f"{row['rule']}: {_detector_line(detector)}")
+            print(f"{row['rule']}: {detector_line(detector)}")
     for row in rows:
         if row.get("error"):
             print(f"{row['rule']}: {row['error']}", file=sys.stderr)
-
-
-def _detector_line(d: Mapping[str, Any]) -> str:
-    """``CUSUM G 3.1 of h 14.26; phi 20; acceptance 0.75 -> 0.63 / 0.45; last window 0.74 over 1,930
-    trials, its own evidence 0 (phi 3.1)``."""
-    parts = [f"CUSUM G {_number(d['g'])} of h {_number(d['h'])}", f"phi {_number(d['phi'])}"]
-    levels = " / ".join(_number(level) for level in d["shift_to"]) or "-"
-    parts.append(f"acceptance {_number(d['in_control'])} -> {levels}")
-    if d.get("window_alpha") is not None:
-        window = f"last window {_number(d['window_alpha'])} over {d['window_trials']:,.0f} trials"
-        if d.get("window_evidence") is not None:
-            window += f", its own evidence {_number(d['window_evidence'])} (phi {_number(d['window_phi'])})"
-        parts.append(window)
-    if d.get("warming_up"):
-        parts.append(f"warming up ({d['warmup']})")
-    return "; ".join(parts)
 
 
 def _run_cell(run: dict[str, Any]) -> str:

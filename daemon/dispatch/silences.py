@@ -112,6 +112,12 @@ def listed(db: sqlite3.Connection, now: float, everything: bool = False) -> list
     return [_silence(row) for row in db.execute(sql + " ORDER BY id DESC", params)]
 
 
+def get(db: sqlite3.Connection, silence_id: int) -> Silence | None:
+    """The silence ``silence_id``, whatever its state; None when there is none."""
+    row = db.execute("SELECT * FROM silences WHERE id = ?", (silence_id,)).fetchone()
+    return None if row is None else _silence(row)
+
+
 def expire(db: sqlite3.Connection, silence_id: int, now: float) -> Silence | None:
     """End a silence now; None when there is no such silence. Ending an ended one changes nothing."""
     with transaction(db):

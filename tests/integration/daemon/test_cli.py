@@ -61,7 +61,11 @@ async def test_eval_once_table_on_the_default_rules_and_an_unreachable_server(un
     assert (
         f"specguard eval: could not read 1 of 1 target (the rules saw no data from them):\n  {url}: " in err
     )
-    lines = out.splitlines()
+    paragraph, table = out.split("\n\n")
+    # it says what it is: a reading of its own over the gap, not the daemon's view
+    assert paragraph.startswith("A fresh reading, not the daemon's: two scrapes ")
+    assert "`specguard status`" in paragraph and "--window-from-rule" in paragraph
+    lines = table.splitlines()
     assert lines[0].split() == [
         "RULE",
         "SIGNAL",
@@ -70,9 +74,11 @@ async def test_eval_once_table_on_the_default_rules_and_an_unreachable_server(un
         "THRESHOLD",
         "VERDICT",
         "STATE",
+        "OVER",
         "TRIGGER",
     ]
-    verdicts = {line.split()[0]: line.split()[-3] for line in lines[1:]}
+    verdicts = {line.split()[0]: line.split()[-6] for line in lines[1:]}
+    assert {line.split()[-3] for line in lines[1:]} == {"of"}  # "2ms of 5m": the gap, not the window
     assert {line.split()[-1] for line in lines[1:]} == {"schedule"}
     assert verdicts == {
         "acceptance_low": "no_data",

@@ -100,7 +100,11 @@ async def test_eval_exits_1_when_prometheus_refuses_the_connection(
         "eval", "--config", str(config), "--prometheus", url, "--rule", "acceptance_low"
     )
     assert code == 1, err
-    assert out.splitlines()[1].split()[:6] == ["acceptance_low", "acceptance_rate", "-", "-", "-", "error"]
+    table = out.split("\n\n")[-1].splitlines()  # after the paragraph that says what eval is
+    row = dict(zip(table[0].split(), table[1].split(), strict=False))
+    assert (row["RULE"], row["SIGNAL"], row["VERDICT"]) == ("acceptance_low", "acceptance_rate", "error"), (
+        table
+    )
     assert err.endswith(
         "specguard eval: could not query the Prometheus source (the rules above could not be evaluated):\n"
         f"  prometheus {url}: connection refused\n"

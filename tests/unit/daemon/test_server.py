@@ -22,6 +22,9 @@ class Observed:
     def status(self) -> dict[str, Any]:
         return {"rules": []}
 
+    async def overview(self) -> dict[str, Any]:
+        return self.status()
+
     def connections_evicted(self) -> None:
         self.evicted += 1
 

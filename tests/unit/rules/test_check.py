@@ -295,6 +295,7 @@ def test_an_unusable_webhook_token_file(
         ("alertmanager", "is not a URL path"),
         ("/metrics", "is taken"),
         ("/api/x", "is taken"),
+        ("/silences/expire", "is taken"),  # the status page's forms
         ("/a b", "is not"),
     ],
 )

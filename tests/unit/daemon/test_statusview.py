@@ -1,0 +1,284 @@
+"""The status view: what `specguard status` prints and the page shows, from the daemon's
+/api/status document (pure: the document in, the view out, times against the daemon's clock)."""
+
+from __future__ import annotations
+
+import copy
+import io
+from typing import Any
+
+import pytest
+
+from daemon.cli.status import print_view
+from daemon.statusview import Condition, Tone, View, build, clock
+
+NOW = 1_796_000_000.0
+
+
+def document() -> dict[str, Any]:
+    """A daemon's status: one target up, a firing series, a pending one, a fallback engaged, a
+    deferred run, a silence and a ladder."""
+    return {
+        "version": "1.2.3",
+        "now": NOW,
+        "started_at": NOW - 7200,
+        "health": {"healthy": True, "status": "ok", "reason": None},
+        "source": "scrape",
+        "sources": {
+            "warming_up": [],
+            "targets": [
+                {
+                    "target": "http://vllm-a:8000/metrics",
+                    "instance": "vllm-a:8000",
+                    "state": "up",
+                    "last_success": NOW - 2,
+                    "last_error": None,
+                    "error_since": None,
+                    "failures": 0,
+                },
+            ],
+        },
+        "store": {"path": "/var/lib/specguard/specguard.db", "error": None, "bytes": 3 * 2**20},
+        "webhook": {
+            "path": "/alertmanager",
+            "authenticated": True,
+            "watched_alerts": {"firing": 1, "resolved": 0},
+        },
+        "dry_run": False,
+        "last_evaluation": NOW - 1,
+        "rules": [
+            {
+                "rule": "memory_pressure",
+                "signal": "kv_cache_usage",
+                "condition": "> 0.9",
+                "window": 120.0,
+                "labels": {"instance": "vllm-a:8000"},
+                "state": "inactive",
+                "value": 0.41,
+                "threshold": 0.9,
+                "verdict": "ok",
+                "since": None,
+                "error": None,
+            },
+            {
+                "rule": "acceptance_low",
+                "signal": "acceptance_rate",
+                "condition": "< 0.5",
+                "window": 300.0,
+                "labels": {"instance": "vllm-a:8000", "model_name": "m"},
+                "state": "pending",
+                "value": 0.45,
+                "threshold": 0.5,
+                "verdict": "breach",
+                "since": NOW - 30,
+                "error": None,
+            },
+            {
+                "rule": "acceptance_fallback",
+                "signal": "acceptance_rate",
+                "condition": "< 0.4",
+                "window": 60.0,
+                "labels": {"instance": "vllm-a:8000", "model_name": "m"},
+                "state": "firing",
+                "value": 0.21,
+                "threshold": 0.4,
+                "verdict": "breach",
+                "since": NOW - 185,
+                "error": None,
+            },
+        ],
+        "fallbacks": {
+            "fallback": {
+                "should_be": "engaged",
+                "why": 'held by acceptance_fallback{instance="vllm-a:8000"}',
+                "holders": ['acceptance_fallback{instance="vllm-a:8000"}'],
+                "restore_at": None,
+                "is": "engaged",
+                "is_since": NOW - 180,
+            },
+        },
+        "waiting": [
+            {
+                "run": 7,
+                "action": "oncall",
+                "mode": "run",
+                "status": "deferred",
+                "rule": "acceptance_fallback",
+                "labels": {"instance": "vllm-a:8000"},
+                "event": "firing",
+                "why": "silenced: by silence 2 until 15:00:00 (ops: draft swap)",
+                "until": NOW + 600,
+                "attempts": 0,
+            },
+        ],
+        "silences": [
+            {
+                "id": 2,
+                "rule": "acceptance_*",
+                "match": {"instance": "vllm-a:8000"},
+                "starts": NOW - 60,
+                "ends": NOW + 600,
+                "reason": "draft swap",
+                "author": "ops",
+                "created": NOW - 60,
+                "expired": None,
+                "state": "active",
+            },
+        ],
+        "ladders": [
+            {
+                "action": "shrink",
+                "ladder": [4, 2, 0],
+                "k": 2,
+                "file": "/etc/vllm/s.env",
+                "file_k": 2,
+                "change": None,
+                "log": [{"at": NOW - 3600, "from": 4, "to": 2, "ok": True, "reason": "firing"}],
+            },
+        ],
+    }
+
+
+def section(view: View, title: str) -> Any:
+    return next(s for s in view.sections if s.title.split(" (")[0] == title)
+
+
+def text(view: View) -> str:
+    out = io.StringIO()
+    print_view(view, "http://127.0.0.1:9464", out)
+    return out.getvalue()
+
+
+def test_a_healthy_daemon_with_a_firing_rule_lists_it_first_with_value_threshold_verdict_and_since() -> None:
+    view = build(document())
+    assert view.condition is Condition.HEALTHY and view.problems == ()
+    assert view.firing == ("acceptance_fallback",)
+    rules = section(view, "Rules")
+    assert rules.title == "Rules (3, 1 firing, 1 pending)"
+    assert [row.cells[0].text for row in rules.rows] == [
+        "acceptance_fallback",
+        "acceptance_low",
+        "memory_pressure",
+    ]
+    firing = rules.rows[0]
+    cells = [cell.text for cell in firing.cells]
+    assert cells[1:] == [
+        "instance=vllm-a:8000,model_name=m", "firing", clock(NOW - 185, NOW), "0.21", "0.4", "breach", "1m",
+    ]  # fmt: skip
+    assert cells[3].endswith("(3m5s ago)")  # against the daemon's clock, not this machine's
+    assert (firing.cells[2].tone, firing.cells[6].tone) == (Tone.BAD, Tone.BAD)
+    assert dict(firing.data) == {"rule": "acceptance_fallback", "state": "firing"}
+
+
+def test_flags_waiting_runs_silences_and_ladders_are_shown_with_what_holds_them() -> None:
+    view = build(document())
+    (flag,) = section(view, "Fallbacks").rows
+    assert [c.text for c in flag.cells] == [
+        "fallback",
+        f"engaged since {clock(NOW - 180, NOW)}",
+        "engaged",
+        "-",
+    ]
+    assert flag.notes == ('held by acceptance_fallback{instance="vllm-a:8000"}',)
+    (run,) = section(view, "Waiting runs").rows
+    assert [c.text for c in run.cells][:6] == ["7", "oncall", "acceptance_fallback", "instance=vllm-a:8000",
+                                              "firing", "deferred"]  # fmt: skip
+    assert run.notes[0].startswith("silenced: by silence 2 until")
+    (silence,) = section(view, "Silences").rows
+    assert silence.silence == 2 and silence.cells[3].text == "active"
+    assert silence.cells[4].text.endswith("(in 10m)")
+    (ladder,) = section(view, "Ladders").rows
+    assert [c.text for c in ladder.cells] == ["shrink", "2", "4 [2] 0", "k=2", "-"]
+    assert ladder.notes[0].endswith("k 4 -> 2 ok: firing")
+
+
+def test_a_daemon_that_says_it_is_unhealthy_is_unhealthy_with_its_reason() -> None:
+    doc = document()
+    doc["health"] = {"healthy": False, "status": "store_failing", "reason": "disk I/O error"}
+    doc["store"]["error"] = "disk I/O error"
+    view = build(doc)
+    assert view.condition is Condition.UNHEALTHY
+    assert view.problems == ("store_failing: disk I/O error",)
+    facts = dict(view.facts)
+    assert facts["Store"].text.endswith(": FAILING: disk I/O error") and facts["Store"].tone is Tone.BAD
+
+
+def test_a_target_down_or_a_rule_in_error_makes_it_degraded_and_says_which() -> None:
+    doc = document()
+    target = doc["sources"]["targets"][0]
+    target.update(state="down", last_error="connection refused", error_since=NOW - 90, failures=12)
+    doc["rules"][0].update(verdict="error", error="needs a baseline")
+    view = build(doc)
+    assert view.condition is Condition.DEGRADED
+    assert view.problems == (
+        "target vllm-a:8000 is down: connection refused",
+        "rule memory_pressure is in error",
+    )
+    (row,) = section(view, "Targets").rows
+    assert row.cells[1].tone is Tone.BAD
+    assert row.notes == (f"connection refused since {clock(NOW - 90, NOW)} (12 failed scrape(s) in all)",)
+    assert section(view, "Targets").title == "Targets (0/1 up)"
+
+
+def test_unhealthy_outranks_degraded() -> None:
+    doc = document()
+    doc["health"] = {"healthy": False, "status": "stalled", "reason": "the 15s rules last ran 60s ago"}
+    doc["sources"]["targets"][0].update(state="down", last_error="refused")
+    assert build(doc).condition is Condition.UNHEALTHY
+
+
+def test_a_daemon_that_does_not_report_silences_or_ladders_says_so_instead_of_none() -> None:
+    doc = document()
+    for key in ("silences", "ladders", "health", "now", "started_at"):
+        del doc[key]
+    view = build(doc)
+    assert view.condition is Condition.HEALTHY
+    assert section(view, "Silences").note == "not shown: this daemon does not report its silences"
+    assert section(view, "Ladders").note == "not shown: this daemon does not report its ladders"
+    store_unreadable = copy.deepcopy(document())
+    store_unreadable["silences"] = None
+    store_unreadable["store"]["read_error"] = "silences: database is locked"
+    silences = section(build(store_unreadable), "Silences")
+    assert silences.note == "not shown: silences: database is locked" and silences.rows == ()
+
+
+@pytest.mark.parametrize("doc", [[], "ok", {"version": "1"}, {"rules": "none"}])
+def test_a_document_that_is_not_a_status_is_refused(doc: Any) -> None:
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        build(doc)
+
+
+def test_the_text_is_a_headline_facts_and_aligned_tables_without_colour_when_asked() -> None:
+    out = text(build(document()))
+    lines = out.splitlines()
+    assert lines[0] == "● specguard 1.2.3 at http://127.0.0.1:9464: healthy, 1 firing (acceptance_fallback)"
+    assert "      Health: ok: every rule evaluated on schedule" in lines
+    assert "       Store: /var/lib/specguard/specguard.db (3.0 MB): ok" in lines
+    assert "\033[" not in out
+    header = lines.index("Rules (3, 1 firing, 1 pending)") + 1
+    assert lines[header].split() == [
+        "RULE",
+        "SERIES",
+        "STATE",
+        "SINCE",
+        "(UTC)",
+        "VALUE",
+        "THRESHOLD",
+        "VERDICT",
+        "OVER",
+    ]
+    assert lines[header + 1].split()[:3] == [
+        "acceptance_fallback",
+        "instance=vllm-a:8000,model_name=m",
+        "firing",
+    ]
+    # each value starts where its column's header does
+    assert lines[header + 1].index("0.21") == lines[header].index("VALUE")
+    assert "Silences (1)" in lines and "Waiting runs" in lines and "Ladders" in lines
+
+
+def test_times_say_how_long_ago_or_how_soon() -> None:
+    assert clock(NOW - 5, NOW).endswith(" (5s ago)")
+    assert clock(NOW + 3 * 3600 + 1800, NOW).endswith(" (in 3h30m)")
+    assert clock(NOW - 3 * 86400, NOW) == "2026-11-27 00:53 (3d ago)"
+    assert clock(None, NOW) == "-"
