@@ -304,8 +304,16 @@ def _cross_check(loaded: Loaded) -> None:
                     )
                 )
             elif loaded.baseline is not None and baseline_signal not in loaded.baseline.signals_named():
+                # A warning, as without a baseline file: the rule reports an error until the file
+                # has the value (a file from an older `specguard bench` lacks the newer figures).
                 loaded.problems.append(
-                    _rule_problem(item, "condition", f"the baseline has no value for {baseline_signal!r}")
+                    _rule_problem(
+                        item,
+                        "condition",
+                        f"the baseline has no value for {baseline_signal!r}: the rule reports an error "
+                        "until it has one (`specguard bench --write-baseline` writes it)",
+                        warning=True,
+                    )
                 )
         if rule.signal == "estimated_speedup" and loaded.config.baseline is None:
             loaded.problems.append(
@@ -414,10 +422,16 @@ def _load_baseline(config: Config, data: Any, label: str, problems: list[Problem
         problems.extend(exc.problems)
         return None
     try:
-        return parse_baseline(raw)
+        baseline = parse_baseline(raw)
     except ValidationError as exc:
         problems.extend(validation_problems(str(path), raw, exc))
         return None
+    for index, entry in enumerate(baseline.entries if baseline.version == 2 else ()):
+        said = entry.client_figures_warning()
+        if said:  # a latency rule against a client's figures may fire on a healthy server
+            where = line_of(raw, ("entries", index))
+            problems.append(Problem(str(path), where, f"entries[{index}]", said, warning=True))
+    return baseline
 
 
 def _secret(ref: SecretRef | None, what: str, where: tuple[str, ...], data: Any, label: str,

@@ -59,7 +59,7 @@ def warnings(stderr: str) -> list[str]:
 async def test_the_example_config_checks_as_shipped(tmp_path: Path) -> None:
     code, out, err = await specguard("check", "--config", str(EXAMPLE), cwd=tmp_path, env=environment(None))
     assert code == 0, out + err
-    assert out.startswith("OK: 7 rules in 1 file(s), 2 action(s)"), out  # log-warn and the built-in log
+    assert out.startswith("OK: 8 rules in 1 file(s), 2 action(s)"), out  # log-warn and the built-in log
     # What it leaves to the operator is the baseline, measured on the host with `specguard bench`.
     assert warnings(err), err
     assert all("baseline" in line for line in warnings(err)), err
@@ -87,7 +87,7 @@ async def test_the_example_with_its_actions_on_needs_and_takes_the_credentials(t
         "check", "--config", str(config), cwd=tmp_path, env=environment(credentials)
     )
     assert code == 0, out + err
-    assert out.startswith("OK: 7 rules in 1 file(s), 4 action(s)"), out  # fallback and oncall too
+    assert out.startswith("OK: 8 rules in 1 file(s), 4 action(s)"), out  # fallback and oncall too
     assert all("baseline" in line for line in warnings(err)), err
     for secret in CREDENTIALS.values():
         assert secret not in out + err
