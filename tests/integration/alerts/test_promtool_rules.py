@@ -35,10 +35,17 @@ BASELINE = {
     "version": 2,
     "measured_at": "2026-11-30T10:00:00Z",
     "method": "specguard bench, 200 requests",
-    "entries": [  # fmt: skip
-        {"model": "llama", "signals": {"e2e_latency_p95": 1.84, "e2e_latency_mean": 1.2},
-         "speculative": {"method": "eagle3"}},
-        {"model": "llama", "instance": "10.0.0.7:8000", "signals": {"e2e_latency_p95": 2.1, "e2e_latency_mean": 1.4}},
+    "entries": [
+        {
+            "model": "llama",
+            "signals": {"e2e_latency_p95": 1.84, "e2e_latency_mean": 1.2},
+            "speculative": {"method": "eagle3"},
+        },
+        {
+            "model": "llama",
+            "instance": "10.0.0.7:8000",
+            "signals": {"e2e_latency_p95": 2.1, "e2e_latency_mean": 1.4},
+        },
         {"signals": {"e2e_latency_p95": 1.5, "e2e_latency_mean": 1.0}, "speculative": {"draft_cost": 0.1}},
     ],
 }
