@@ -20,6 +20,15 @@ when it names one, otherwise the default.
 method gives a default: 0 for n-gram and suffix lookup (no model runs), 0.05 for the drafting heads
 (EAGLE, Medusa, MTP...: about one layer of the target, and Leviathan et al. never saw c above 0.05).
 A separate draft model has no default: give its cost, about its parameter count over the target's.
+
+Where the values come from matters. A rule computes ``e2e_latency_p95`` from vLLM's histogram
+(``histogram_quantile`` over the buckets' increases, interpolated inside vLLM's wide buckets), which
+reads higher than the same requests timed by a client: every request between 0.5 and 0.6 s reads
+0.78 s. ``specguard bench`` therefore writes ``signals`` computed from vLLM's ``/metrics`` the way the
+rules compute them (``signals_from: vllm_metrics``) and keeps what its client timed beside them in
+``client``, with the plain server's figures under ``without_speculation`` after an A/B run. An entry
+written by an older ``specguard bench`` holds client figures in ``signals``: it still works, and
+``specguard check`` warns that its latency values are not comparable with the rules'.
 """
 
 from __future__ import annotations
@@ -44,6 +53,14 @@ HEAD_METHODS = frozenset(
 )  # fmt: skip
 HEAD_DRAFT_COST = 0.05
 
+# What a client timed, beside the signals (same names where the figure is the same quantity).
+CLIENT_FIGURES = (
+    "e2e_latency_p50", "e2e_latency_p95", "e2e_latency_p99", "e2e_latency_mean", "ttft_p95",
+    "itl_p50", "itl_p95", "tpot_p50", "tpot_p95", "tpot_mean", "output_throughput",
+)  # fmt: skip
+# How much faster the speculative server was than the plain one: its median TPOT and e2e over ours.
+SPEEDUPS = ("tpot", "e2e")
+
 
 def _known_signal(name: str) -> str:
     if name not in CATALOG:
@@ -57,8 +74,22 @@ def _baseline_value(number: float) -> float:
     return number
 
 
+def _client_figure(name: str) -> str:
+    if name not in CLIENT_FIGURES:
+        raise ValueError(f"unknown client figure {name!r}; known: {', '.join(CLIENT_FIGURES)}")
+    return name
+
+
+def _speedup(name: str) -> str:
+    if name not in SPEEDUPS:
+        raise ValueError(f"unknown speedup {name!r}; known: {', '.join(SPEEDUPS)}")
+    return name
+
+
 BaselineSignal = Annotated[str, AfterValidator(_known_signal)]
 BaselineValue = Annotated[float, AfterValidator(_baseline_value)]
+ClientFigure = Annotated[str, AfterValidator(_client_figure)]
+Speedup = Annotated[str, AfterValidator(_speedup)]
 
 
 class _Strict(BaseModel):
@@ -86,15 +117,54 @@ class Speculative(_Strict):
         )
 
 
+class WithoutSpeculation(_Strict):
+    """The same prompts on a server without speculative decoding (``specguard bench --against``):
+    what speculation bought."""
+
+    vllm_version: str | None = None
+    signals: dict[BaselineSignal, BaselineValue] = Field(default_factory=dict)
+    client: dict[ClientFigure, BaselineValue] = Field(default_factory=dict)
+    speedup: dict[Speedup, BaselineValue] = Field(default_factory=dict)
+
+
 class Entry(_Strict):
     model: str | None = None
     instance: str | None = None
     signals: dict[BaselineSignal, BaselineValue] = Field(default_factory=dict)
+    # vllm_metrics: computed from vLLM's /metrics as the rules compute them; client: timed by a
+    # client (not comparable with the rules' latency figures); absent: not said.
+    signals_from: Literal["vllm_metrics", "client"] | None = None
+    client: dict[ClientFigure, BaselineValue] = Field(default_factory=dict)
+    without_speculation: WithoutSpeculation | None = None
     speculative: Speculative | None = None
     # Where the values come from (`specguard bench` writes them): when, how, against which vLLM.
     measured_at: datetime | None = None
     measured_with: str = ""
     vllm_version: str | None = None
+
+    def client_latencies(self) -> list[str]:
+        """The latency signals of this entry that a client timed: all of them when it says so, or
+        when an older ``specguard bench`` wrote it (it did not say, and kept no client figures
+        apart); none otherwise."""
+        timed_by_client = self.signals_from == "client" or (
+            self.signals_from is None and self.measured_with.startswith("specguard bench") and not self.client
+        )
+        if not timed_by_client:
+            return []
+        return [name for name in self.signals if CATALOG[name].unit == "seconds"]
+
+    def client_figures_warning(self) -> str | None:
+        """What ``specguard check`` says of an entry whose latency values a client timed."""
+        names = self.client_latencies()
+        if not names:
+            return None
+        return (
+            f"{self.describe()} holds client figures only ({', '.join(names)} as a client timed them, "
+            "written by an older specguard bench); the rules compute these from vLLM's histograms, "
+            "which read higher (interpolated inside vLLM's buckets: requests of 0.5-0.6 s read "
+            "0.78 s), so a latency rule may fire on a healthy server: measure it again with "
+            "`specguard bench --write-baseline`"
+        )
 
     def fits(self, labels: Mapping[str, str]) -> bool:
         return (self.model is None or labels.get("model_name") == self.model) and (

@@ -139,8 +139,13 @@ def _check_rule(loaded: Loaded, ref: RuleRef, rule: Rule) -> None:
             )
             loaded.problems.append(_problem(ref, "condition", message, warning=True))
         elif loaded.baseline is not None and baseline_signal not in loaded.baseline.signals_named():
-            message = f"the baseline has no value for {baseline_signal!r}"
-            loaded.problems.append(_problem(ref, "condition", message))
+            # A warning, as without a baseline file: the rule reports an error until the file has
+            # the value (a file from an older `specguard bench` lacks the newer figures).
+            message = (
+                f"the baseline has no value for {baseline_signal!r}: the rule reports an error until it "
+                "has one (`specguard bench --write-baseline` writes it)"
+            )
+            loaded.problems.append(_problem(ref, "condition", message, warning=True))
     if rule.signal == "estimated_speedup" and baseline_known and ref.loaded:
         if loaded.config.baseline is None:
             message = (

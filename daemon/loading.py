@@ -388,10 +388,16 @@ def _load_baseline(config: Config, data: Any, label: str, problems: list[Problem
         problems.extend(exc.problems)
         return None
     try:
-        return parse_baseline(raw)
+        baseline = parse_baseline(raw)
     except ValidationError as exc:
         problems.extend(validation_problems(str(path), raw, exc))
         return None
+    for index, entry in enumerate(baseline.entries if baseline.version == 2 else ()):
+        said = entry.client_figures_warning()
+        if said:  # a latency rule against a client's figures may fire on a healthy server
+            where = line_of(raw, ("entries", index))
+            problems.append(Problem(str(path), where, f"entries[{index}]", said, warning=True))
+    return baseline
 
 
 def _secret(ref: SecretRef | None, what: str, where: tuple[str, ...], data: Any, label: str,

@@ -224,6 +224,14 @@ SPEC_ACCEPTED_PER_POS = Metric(
     ("vllm:spec_decode_num_accepted_tokens_per_pos_total",), ("0.8.5+",), "counter"
 )
 E2E_LATENCY = Metric(("vllm:e2e_request_latency_seconds",), ("all",), "histogram")
+# A histogram's sum and count are counters of their own: their rates give the exact mean, where a
+# quantile is interpolated inside a bucket (vLLM's e2e buckets are 0.5, 0.8, 1, 1.5... seconds).
+E2E_LATENCY_SUM = Metric(("vllm:e2e_request_latency_seconds_sum",), ("all",), "counter")
+E2E_LATENCY_COUNT = Metric(("vllm:e2e_request_latency_seconds_count",), ("all",), "counter")
+# Each request's mean time per output token after the first: (last token - first token) / (tokens - 1).
+REQUEST_TPOT = Metric(("vllm:request_time_per_output_token_seconds",), ("0.11.0+",), "histogram")
+REQUEST_TPOT_SUM = Metric(("vllm:request_time_per_output_token_seconds_sum",), ("0.11.0+",), "counter")
+REQUEST_TPOT_COUNT = Metric(("vllm:request_time_per_output_token_seconds_count",), ("0.11.0+",), "counter")
 TTFT = Metric(("vllm:time_to_first_token_seconds",), ("all",), "histogram")
 ITL = Metric(
     ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
@@ -250,6 +258,18 @@ def _quantile(name: str, metric: Metric, q: float, what: str) -> Signal:
         kind=Kind.QUANTILE,
         metric=metric,
         quantile=q,
+    )
+
+
+def _mean(name: str, total: Metric, count: Metric, what: str) -> Signal:
+    return Signal(
+        name=name,
+        description=f"{what}, mean over the window (the histogram's sum / count)",
+        unit="seconds",
+        kind=Kind.RATIO,
+        metric=total,
+        denominator=count,
+        notes=("exact: no interpolation inside a bucket, so it moves with a slowdown a quantile cannot see",),
     )
 
 
@@ -333,9 +353,13 @@ _SIGNALS: tuple[Signal, ...] = (
     _quantile("e2e_latency_p50", E2E_LATENCY, 0.5, "End-to-end request latency"),
     _quantile("e2e_latency_p95", E2E_LATENCY, 0.95, "End-to-end request latency"),
     _quantile("e2e_latency_p99", E2E_LATENCY, 0.99, "End-to-end request latency"),
+    _mean("e2e_latency_mean", E2E_LATENCY_SUM, E2E_LATENCY_COUNT, "End-to-end request latency"),
     _quantile("ttft_p95", TTFT, 0.95, "Time to first token"),
     _quantile("itl_p50", ITL, 0.5, "Inter-token latency (one interval may carry several tokens)"),
     _quantile("itl_p95", ITL, 0.95, "Inter-token latency (one interval may carry several tokens)"),
+    _quantile("tpot_p50", REQUEST_TPOT, 0.5, "Time per output token of each request"),
+    _quantile("tpot_p95", REQUEST_TPOT, 0.95, "Time per output token of each request"),
+    _mean("tpot_mean", REQUEST_TPOT_SUM, REQUEST_TPOT_COUNT, "Time per output token of each request"),
     Signal(
         name="kv_cache_usage",
         description="KV-cache usage, fraction 0-1, averaged over the window; the fullest engine",

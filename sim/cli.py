@@ -43,8 +43,8 @@ log = logging.getLogger("sim")
 PROG = "specguard simulate"
 DESCRIPTION = """\
 Run a simulated vLLM 0.32 server: the OpenAI-compatible API (chat and completions, streaming or
-not), /health, /version, /v1/models and a /metrics page with the same families, labels and
-buckets as a real vLLM's, driven by a model of speculative decoding. Use it to try specguard rules
+not), /health, /version, /v1/models, /tokenize and a /metrics page with the same families,
+labels and buckets as a real vLLM's, driven by a model of speculative decoding. Use it to try specguard rules
 without a GPU. Stops cleanly on SIGINT/SIGTERM (exit 0); a scenario's `die` exits 1.
 """
 

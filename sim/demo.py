@@ -339,6 +339,7 @@ async def _measure_baseline(
             {
                 "model": MODEL,
                 "signals": {"e2e_latency_p95": value},
+                "signals_from": "vllm_metrics",  # the daemon's own reading of vLLM's histogram
                 # The simulated draft's cost per step, as the simulator was told (--draft-cost).
                 "speculative": {"method": "draft_model", "draft_cost": draft_cost},
             }

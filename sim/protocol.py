@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -117,16 +117,19 @@ def _pydantic_errors(exc: ValidationError) -> list[dict[str, Any]]:
 # --- requests -------------------------------------------------------------------------------------
 
 
-class _Open(BaseModel):
+class OpenBody(BaseModel):
     model_config = ConfigDict(extra="allow")  # the OpenAI API allows extra fields; vLLM ignores them
 
 
-class StreamOptions(_Open):
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+class StreamOptions(OpenBody):
     include_usage: bool | None = True  # vLLM's default once stream_options is given
     continuous_usage_stats: bool | None = False
 
 
-class _GenerationRequest(_Open):
+class _GenerationRequest(OpenBody):
     model: str | None = None  # vLLM serves its (only) model when the request names none
     max_tokens: int | None = None
     temperature: float | None = None
@@ -164,12 +167,12 @@ class _GenerationRequest(_Open):
             raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
 
 
-class ContentPart(_Open):
+class ContentPart(OpenBody):
     type: str
     text: str | None = None
 
 
-class ChatMessage(_Open):
+class ChatMessage(OpenBody):
     role: str
     content: str | list[ContentPart] | None = None
 
@@ -236,6 +239,13 @@ def parse_request(
     kind: type[_GenerationRequest], content_type: str | None, body: bytes
 ) -> _GenerationRequest:
     """Parse and validate a request body as vLLM's FastAPI layer does. Raises RequestError (400)."""
+    request = parse_body(kind, content_type, body)
+    request.check()
+    return request
+
+
+def parse_body(kind: type[_Body], content_type: str | None, body: bytes) -> _Body:
+    """A JSON body as ``kind``, with the errors of vLLM's FastAPI layer. Raises RequestError (400)."""
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
         raise validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
@@ -255,11 +265,9 @@ def parse_request(
         }
         raise validation_error([error]) from None
     try:
-        request = kind.model_validate(data, from_attributes=True)
+        return kind.model_validate(data, from_attributes=True)
     except ValidationError as exc:
         raise validation_error(_pydantic_errors(exc)) from None
-    request.check()
-    return request
 
 
 @dataclass(frozen=True)

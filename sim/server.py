@@ -51,6 +51,7 @@ from sim.protocol import (
 from sim.records import GroundTruthLog, RequestRecord
 from sim.router import Router
 from sim.scenario import run_scenario
+from sim.tokenize import tokenize
 from sim.tokens import Logprobs, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ def build_app(options: SimOptions, engines: Sequence[Engine], metrics: VllmMetri
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_get("/v1/models", api.models)
+    app.router.add_post("/tokenize", api.tokenize)
     app.router.add_get("/health", api.health)
     app.router.add_get("/version", api.version)
     app.router.add_get("/load", api.load)
@@ -249,6 +251,18 @@ class _Api:
 
     async def models(self, request: web.Request) -> web.Response:
         return _json(models_body(self.options.model, self.options.max_model_len, self.started))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            answer = tokenize(
+                request.headers.get("Content-Type"),
+                await request.read(),
+                self.options.model,
+                self.options.max_model_len,
+            )
+        except RequestError as exc:
+            return _json(exc.body, status=exc.status)
+        return _json(answer)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)

@@ -23,6 +23,7 @@ OBSERVATIONS = {
     "vllm:e2e_request_latency_seconds": [0.2, 0.2, 0.6, 0.6, 0.6, 0.9, 0.9, 0.9, 0.9, 1.7],
     "vllm:time_to_first_token_seconds": [0.03, 0.05, 0.05, 0.07],
     "vllm:inter_token_latency_seconds": [0.02] * 8 + [0.04, 0.06],
+    "vllm:request_time_per_output_token_seconds": [0.008] * 6 + [0.012, 0.02, 0.03, 0.05],
 }
 
 SAMPLE = re.compile(r"^([^\s{#]+)(?:\{(.*)\})? (\S+)$")

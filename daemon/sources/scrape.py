@@ -284,6 +284,22 @@ class ScrapeSource:
 # --- PromQL semantics over the rings --------------------------------------------------------------
 
 
+def signal_over(
+    signal: Signal,
+    samples: Mapping[str, Sequence[tuple[float, Snapshot]]],
+    group_by: Sequence[str],
+) -> SourceResult:
+    """``signal`` over samples taken elsewhere, per ``group_by``: what a rule's query computes over
+    a window that holds exactly these samples of each target (``samples`` by ``instance``), with the
+    same code (``histogram_quantile`` over the buckets' increases for a quantile, counter resets,
+    the sum over engines). For a tool that reads ``/metrics`` itself, as ``specguard bench`` does
+    before and after each phase, so that its figures are the ones the rules compare with."""
+    if signal.kind is Kind.CHAIN:
+        raise ValueError(f"{signal.name} needs the scrape source's edge samples: query the source")
+    windows = {instance: sorted(points, key=lambda point: point[0]) for instance, points in samples.items()}
+    return SourceResult.checked(signal, _evaluate(signal, windows, signal.groups(group_by), ()))
+
+
 def _evaluate(
     signal: Signal, windows: Mapping[str, _Window], groups: list[str], match: _Match
 ) -> list[_Item]:

@@ -1,6 +1,7 @@
 """The baseline file the latency rules read, written from a benchmark run: the entry for the
 benchmarked model replaced (the file's other entries kept), in version 2 of the format
-(``daemon/baseline.py``)."""
+(``daemon/baseline.py``). Its ``signals`` are vLLM's histograms read as the rules read them; what
+the benchmark's client timed is kept beside them, for people, never compared with a rule's value."""
 
 from __future__ import annotations
 
@@ -12,17 +13,6 @@ from pydantic import ValidationError
 
 from common.files import write_atomically
 from daemon.baseline import parse_baseline
-from playbook.bench.stats import distribution
-
-# What a run's figures become: the catalog's signals (client-side, which is what users see).
-SIGNALS = {
-    "e2e_latency_p50": ("e2e", "p50"),
-    "e2e_latency_p95": ("e2e", "p95"),
-    "e2e_latency_p99": ("e2e", "p99"),
-    "ttft_p95": ("ttft", "p95"),
-    "itl_p50": ("itl", "p50"),
-    "itl_p95": ("itl", "p95"),
-}
 
 
 class BaselineWriteError(Exception):
@@ -30,31 +20,43 @@ class BaselineWriteError(Exception):
 
 
 def entry(report: dict[str, Any], method: str | None, measured_at: str) -> dict[str, Any]:
-    """The baseline entry for the benchmarked model: the run's overall figures (every phase's
-    requests together), the draft's cost from an A/B run when there was one."""
-    results = [r for phase in report["phases"].values() for r in phase["results"] if r.ok]
-    figures = {
-        "e2e": distribution([r.e2e for r in results if r.e2e is not None]),
-        "ttft": distribution([r.ttft for r in results if r.ttft is not None]),
-        "itl": distribution([g for r in results for g in r.gaps]),
-    }
-    signals = {name: figures[kind][q] for name, (kind, q) in SIGNALS.items() if figures[kind][q] is not None}
+    """The baseline entry for the benchmarked model, from the run's overall figures (every phase's
+    requests together): as ``signals``, what vLLM's ``/metrics`` gave, computed as the rules compute
+    theirs; as ``client``, what the benchmark timed; with an A/B run, the plain server's figures and
+    the speedup under ``without_speculation``, and the draft's cost."""
     server = report["server"]
+    overall = report["overall"]
+    count = sum(r.ok for phase in report["phases"].values() for r in phase["results"])
     load = report["load"]
     shape = (
         f"concurrency {load['concurrency']}"
         if load["request_rate"] is None
         else f"{load['request_rate']:g} requests/s"
     )
-    made: dict[str, Any] = {
-        "model": server["model"],
-        "signals": signals,
-        "measured_at": measured_at,
-        "measured_with": f"specguard bench: {len(results)} requests, {shape}, {report['api']}, "
-        f"max_tokens {report['max_tokens']}, temperature {report['temperature']:g}; classes "
-        + ", ".join(report["phases"]),
-        "vllm_version": server["vllm_version"],
-    }
+    made: dict[str, Any] = {"model": server["model"], "signals": dict(overall["server"])}
+    if made["signals"]:
+        made["signals_from"] = "vllm_metrics"
+    made["client"] = dict(overall["client"])
+    against = report.get("against")
+    if against is not None:
+        plain = against["overall"]
+        speedup = {
+            name: plain["client"][figure] / overall["client"][figure]
+            for name, figure in (("tpot", "tpot_p50"), ("e2e", "e2e_latency_p50"))
+            if plain["client"].get(figure) and overall["client"].get(figure)
+        }
+        made["without_speculation"] = {
+            "vllm_version": against["vllm_version"],
+            "signals": dict(plain["server"]),
+            "client": dict(plain["client"]),
+            "speedup": speedup,
+        }
+    made["measured_at"] = measured_at
+    made["measured_with"] = (
+        f"specguard bench: {count} requests, {shape}, {report['api']}, max_tokens {report['max_tokens']}, "
+        f"temperature {report['temperature']:g}; classes " + ", ".join(report["phases"])
+    )
+    made["vllm_version"] = server["vllm_version"]
     speculative: dict[str, Any] = {}
     if method:
         speculative["method"] = method

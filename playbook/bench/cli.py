@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from playbook.bench import client
 from playbook.bench.load import Load
+from playbook.bench.progress import ProgressLine
 from playbook.bench.prompts import CLASSES, PromptError, builtin, load_file
 from playbook.bench.runner import BenchError, Options, bench
 from playbook.bench.stats import summarize
@@ -21,11 +21,14 @@ DESCRIPTION = """\
 Measure a vLLM server as its clients see it, through its OpenAI API (streamed, with usage):
 TTFT, TPOT ((e2e - TTFT) / (output tokens - 1), tokens from usage, never from counting chunks),
 inter-token latency per chunk and per token, end-to-end latency, throughput and errors by kind;
-and, from the server's /metrics before and after each phase, the acceptance of exactly that phase.
-Built-in prompt sets per traffic class (chat, code, summarization, multilingual, long_context), or
-your own (JSONL, or ShareGPT-style JSON). --against runs the same prompts on a second server
-(speculative decoding off) and gives the speedup per class; --write-baseline writes the baseline
-the latency rules read.
+and, from the server's /metrics before and after each phase, the acceptance of exactly that phase
+and vLLM's own latency histograms read as specguard's rules read them (histogram_quantile inside
+vLLM's buckets, which reads higher than a client's timing). Built-in prompt sets per traffic class
+(chat, code, summarization, multilingual, long_context), or your own (JSONL, or ShareGPT-style
+JSON); prompts that cannot fit the server's max_model_len with their output are left out, with a
+line saying so. --against runs the same prompts on a second server (speculative decoding off) and
+gives the speedup per class; --write-baseline writes the baseline the latency rules read: vLLM's
+histogram figures, with the client's beside them.
 """
 
 EPILOG = """\
@@ -72,15 +75,18 @@ def add_parser(sub: Any) -> None:
         "--num-prompts",
         type=_positive_int,
         metavar="N",
-        help="requests per phase (default: each prompt once)",
+        help="requests in all, shared evenly among the classes, as vllm bench serve counts them "
+        "(default: each prompt once)",
     )
-    count.add_argument("--duration", metavar="DURATION", help="measured time per phase, e.g. 2m")
+    count.add_argument(
+        "--duration", metavar="DURATION", help="measured time of each class (each phase), e.g. 2m"
+    )
     parser.add_argument(
         "--warmup",
         type=_count,
         default=2,
         metavar="N",
-        help="requests per phase before measuring (default 2)",
+        help="requests of each class (each phase) before measuring, not counted (default 2)",
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
     parser.add_argument(
@@ -162,11 +168,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         url=args.url.rstrip("/"), prompts=prompts, load=load, model=args.model, api=args.api,
         per_class=args.per_class, temperature=args.temperature,
         max_tokens=args.max_tokens, timeout=args.timeout, against=args.against,
+        named_classes=tuple(args.classes.split(",")) if args.classes else (),
+        source=str(args.prompts) if args.prompts is not None else "",
     )  # fmt: skip
     line = ProgressLine(sys.stderr, show=sys.stderr.isatty())
     started = time.time()
     try:
-        report = asyncio.run(bench(options, line.update))
+        report = asyncio.run(bench(options, line))
     except BenchError as exc:
         line.clear()
         print(f"specguard bench: {exc}", file=sys.stderr)
@@ -200,47 +208,18 @@ def _write(args: argparse.Namespace, report: dict[str, Any], measured_at: str) -
         print(f"specguard bench: not writing {args.write_baseline} from a run with failed requests "
               "(--allow-partial writes it anyway)", file=sys.stderr)  # fmt: skip
         return 1
+    made = entry(report, args.method, measured_at)
     try:
-        said = write(args.write_baseline, entry(report, args.method, measured_at), measured_at)
+        said = write(args.write_baseline, made, measured_at)
     except BaselineWriteError as exc:
         print(f"specguard bench: {exc}", file=sys.stderr)
         return 1
     print(f"baseline: {said}", file=sys.stderr)
+    if not made["signals"]:
+        print("specguard bench: warning: the server's /metrics gave no latency histograms, so the "
+              "baseline holds client figures only (under `client`), which no rule compares with",
+              file=sys.stderr)  # fmt: skip
     return 0
-
-
-class ProgressLine:
-    """One line on a terminal (``show``), rewritten as answers come in: per phase, requests done
-    and errors. It keeps the results too, for a run cut short by Ctrl-C."""
-
-    def __init__(self, out: TextIO, show: bool) -> None:
-        self.out = out
-        self.show = show
-        self.results: dict[str, list[client.Result]] = {}
-        self.first: dict[str, float] = {}
-        self.shown = False
-        self.started = time.monotonic()
-
-    def update(self, klass: str, result: client.Result) -> None:
-        done = self.results.setdefault(klass, [])
-        done.append(result)
-        self.first.setdefault(klass, result.started)
-        if not self.show:
-            return
-        errors = sum(1 for r in done if not r.ok)
-        self.out.write(
-            f"\r[{klass}] {len(done)} requests, {errors} errors, {time.monotonic() - self.started:.0f}s   "
-        )
-        self.out.flush()
-        self.shown = True
-
-    def elapsed(self, klass: str) -> float:
-        return max(1e-9, time.perf_counter() - self.first.get(klass, time.perf_counter()))
-
-    def clear(self) -> None:
-        if self.shown:
-            self.out.write("\r" + " " * 70 + "\r")
-            self.out.flush()
 
 
 def _ms(value: float | None) -> str:
@@ -252,12 +231,14 @@ def print_summary(report: dict[str, Any], out: TextIO) -> None:
     spec = f"k={server['draft_positions']}" if server["draft_positions"] else "no speculative decoding"
     out.write(f"{server['url']}  model {server['model']}  vLLM {server['vllm_version'] or '?'}  {spec}\n\n")
     _table(report["phases"], out)
+    _histogram_table(report["phases"], report["overall"], out)
     against = report.get("against")
     if against:
         out.write(
             f"\nagainst {against['url']}  model {against['model']}  vLLM {against['vllm_version'] or '?'}\n\n"
         )
         _table(against["phases"], out)
+        _histogram_table(against["phases"], against["overall"], out)
         out.write("\nspeedup (median TPOT and e2e of the second server over the first's)\n")
         rows = [("CLASS", "TPOT", "E2E", "GAINS", "DRAFT COST c")]
         for klass, row in report["comparison"].items():
@@ -295,6 +276,42 @@ def _table(phases: dict[str, Any], out: TextIO) -> None:
             out.write(
                 f"  {klass}: {count} {kind} error(s), e.g. {phase['summary']['error_examples'][kind]}\n"
             )
+
+
+def _histogram_table(phases: dict[str, Any], overall: dict[str, Any], out: TextIO) -> None:
+    """vLLM's histograms read as the rules read them, beside what the client timed: the baseline's
+    figures, and how far apart the two are."""
+    rows = [("CLASS", "E2E p50/p95 s", "E2E MEAN s", "TPOT p50/MEAN ms", "TOK/S")]
+    shown = {klass: phase["server"] for klass, phase in phases.items()}
+    if len(phases) > 1:
+        shown["together"] = overall["server"]
+    if not any(shown.values()):
+        out.write(
+            "\nvLLM's /metrics gave no latency histograms: no figure the latency rules could compare with\n"
+        )
+        return
+    out.write("\nvLLM's histograms, as the rules read them (histogram_quantile inside vLLM's buckets)\n")
+    for klass, figures in shown.items():
+        rows.append((
+            klass,
+            f"{_s(figures.get('e2e_latency_p50'))}/{_s(figures.get('e2e_latency_p95'))}",
+            _s(figures.get("e2e_latency_mean")),
+            f"{_ms(figures.get('tpot_p50'))}/{_ms(figures.get('tpot_mean'))}",
+            "-" if figures.get("generation_throughput") is None else f"{figures['generation_throughput']:.0f}",
+        ))  # fmt: skip
+    _columns(rows, out)
+    client, server = overall["client"], overall["server"]
+    if client.get("e2e_latency_p95") and server.get("e2e_latency_p95"):
+        gap = server["e2e_latency_p95"] / client["e2e_latency_p95"] - 1
+        out.write(f"  e2e p95: {server['e2e_latency_p95']:.3f} s from the histogram, {client['e2e_latency_p95']:.3f} s "
+                  f"as the client timed it ({gap:+.0%})\n")  # fmt: skip
+    for klass, phase in phases.items():
+        if "server_note" in phase:
+            out.write(f"  {klass}: {phase['server_note']}\n")
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _columns(rows: Sequence[Sequence[str]], out: TextIO) -> None:

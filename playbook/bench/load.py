@@ -38,13 +38,19 @@ def order(prompts: Sequence[Prompt], count: int | None, seed: int) -> list[Promp
     return [shuffled[i % len(shuffled)] for i in range(count)]
 
 
+async def warm_up(load: Load, prompts: Sequence[Prompt], send: Send) -> list[Result]:
+    """The warm-up requests, not counted: caches, compiled graphs and connections ready first."""
+    if not load.warmup:
+        return []
+    return await _closed(order(prompts, load.warmup, load.seed + 1), send, load.concurrency or 1, None, None)
+
+
 async def run(
     load: Load, prompts: Sequence[Prompt], send: Send, progress: Callable[[Result], None] | None = None
 ) -> tuple[list[Result], float]:
     """Warm up, then the measured requests; returns their results and the measured seconds."""
     rng = random.Random(load.seed)
-    if load.warmup:  # caches, compiled graphs and connections ready before anything is counted
-        await _closed(order(prompts, load.warmup, load.seed + 1), send, load.concurrency or 1, None, None)
+    await warm_up(load, prompts, send)
     planned = order(prompts, load.num_prompts, load.seed) if load.num_prompts else None
     started = time.perf_counter()
     deadline = started + load.duration if load.duration else None

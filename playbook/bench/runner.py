@@ -1,30 +1,33 @@
-"""A benchmark run: the server checked, each traffic class run as its own phase with vLLM's
-``/metrics`` read before and after it, and with ``against`` the same prompts on a second server
-(speculation off) for the speedup per class."""
+"""A benchmark run: the server checked, the prompts that fit its context planned into phases (one
+per traffic class), each phase warmed up and then measured between two reads of vLLM's
+``/metrics``, and with ``against`` the same prompts on a second server (speculation off) for the
+speedup per class."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Protocol
 
 import aiohttp
 
-from playbook.bench import client, stats
-from playbook.bench.load import Load, run
+from playbook.bench import client, histograms, stats
+from playbook.bench.load import Load, run, warm_up
+from playbook.bench.plan import Plan, PlanError, count_tokens, plan
 from playbook.bench.prompts import Prompt
 
 
 class BenchError(Exception):
-    """The run cannot start (no server, no such model); the message says what to do."""
+    """The run cannot start (no server, no such model, nothing that fits); the message says what to do."""
 
 
 @dataclass(frozen=True)
 class Options:
     url: str
     prompts: Sequence[Prompt]
-    load: Load
+    load: Load  # num_prompts: requests in all, shared among the phases
     model: str | None = None
     api: client.Api = "completions"
     per_class: bool = True
@@ -32,6 +35,8 @@ class Options:
     max_tokens: int = 128
     timeout: float = 300.0  # one request, whole stream
     against: str | None = None
+    named_classes: tuple[str, ...] = ()  # classes asked for by name: the run fails if one cannot run
+    source: str = ""  # where the prompts come from, for messages (a file's name)
 
 
 @dataclass
@@ -39,11 +44,29 @@ class Server:
     url: str
     model: str
     version: str | None
-    positions: int  # k as vLLM counts it (draft positions), 0 without speculative decoding
+    max_model_len: int | None  # from /v1/models; None when the server does not say
+    positions: int = 0  # k as vLLM counts it (draft positions), 0 without speculative decoding
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spans: list[histograms.Span] = field(default_factory=list)  # each phase's /metrics readings
 
 
-Progress = Callable[[str, client.Result], None]
+class Progress(Protocol):
+    """What the run tells as it goes (the command's progress line)."""
+
+    def planned(self, requests: int | None, seconds: float | None) -> None:
+        """The measured requests to come, or the measured seconds (a run for a duration)."""
+
+    def update(self, klass: str, result: client.Result) -> None:
+        """A measured request was answered (or failed)."""
+
+    def note(self, line: str) -> None:
+        """One line for the operator, before the run."""
+
+
+# How long to wait, after the warm-up and after the measured requests, for vLLM's histograms to count
+# the requests answered (vLLM may record one just after its last chunk went out).
+SETTLE_SECONDS = 2.0
+SETTLE_STEP = 0.1
 
 
 async def bench(options: Options, progress: Progress | None = None) -> dict[str, Any]:
@@ -51,18 +74,34 @@ async def bench(options: Options, progress: Progress | None = None) -> dict[str,
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        main = await _measure(session, options.url, options, progress)
-        other = await _measure(session, options.against, options, progress) if options.against else None
+        main = await _connect(session, options.url, options.model)
+        other = await _connect(session, options.against, options.model) if options.against else None
+        planned = await _plan(session, options, main, other)
+        if progress is not None:
+            for line in planned.notes:
+                progress.note(line)
+            servers = 2 if other is not None else 1
+            requests = planned.requests
+            duration = options.load.duration
+            progress.planned(
+                None if requests is None else requests * servers,
+                None if duration is None else duration * len(planned.phases) * servers,
+            )
+        await _measure(session, main, planned, options, progress)
+        if other is not None:
+            await _measure(session, other, planned, options, progress)
     report: dict[str, Any] = {
         "server": _shown(main),
         "load": asdict(options.load),
         "api": options.api,
         "temperature": options.temperature,
         "max_tokens": options.max_tokens,
+        "left_out": planned.left_out,
         "phases": main.phases,
+        "overall": _overall(main),
     }
     if other is not None:
-        report["against"] = {**_shown(other), "phases": other.phases}
+        report["against"] = {**_shown(other), "phases": other.phases, "overall": _overall(other)}
         report["comparison"] = compare(main, other)
     failed = sum(p["summary"]["requests"] - p["summary"]["completed"] for p in main.phases.values())
     report["partial"] = failed > 0 or (
@@ -77,48 +116,126 @@ def _shown(server: Server) -> dict[str, Any]:
         "url": server.url,
         "model": server.model,
         "vllm_version": server.version,
+        "max_model_len": server.max_model_len,
         "draft_positions": server.positions,
     }
 
 
-async def _measure(
-    session: aiohttp.ClientSession, url: str, options: Options, progress: Progress | None
-) -> Server:
+def _overall(server: Server) -> dict[str, Any]:
+    """Every phase together: the client's figures, and the server's histograms as the rules read them."""
+    results = [r for phase in server.phases.values() for r in phase["results"]]
+    seconds = sum(phase["summary"]["seconds"] for phase in server.phases.values())
+    return {
+        "client": stats.client_figures(results, seconds),
+        "server": histograms.server_figures(server.model, server.spans),
+    }
+
+
+async def _connect(session: aiohttp.ClientSession, url: str, wanted: str | None) -> Server:
     url = url.rstrip("/")
-    model = await _model(session, url, options.model)
-    version = await _version(session, url)
-    groups: dict[str, list[Prompt]] = {}
-    for prompt in options.prompts:
-        groups.setdefault(prompt.klass if options.per_class else "all", []).append(prompt)
-    server = Server(url, model, version, 0)
-    for klass, prompts in groups.items():
+    model, max_model_len = await _model(session, url, wanted)
+    return Server(url, model, await _version(session, url), max_model_len)
+
+
+async def _plan(session: aiohttp.ClientSession, options: Options, main: Server, other: Server | None) -> Plan:
+    """The phases: the prompts that fit both servers' context with their output."""
+    lengths = [s.max_model_len for s in (main, other) if s is not None and s.max_model_len is not None]
+    limit = min(lengths) if lengths else None
+    counts: dict[str, int] | None = None
+    notes: list[str] = []
+    if limit is not None:
+        counted = await count_tokens(
+            session, main.url, main.model, options.api, [p.text for p in options.prompts]
+        )
+        if isinstance(counted, str):
+            notes.append(
+                f"prompts not checked against max_model_len {limit}: {counted}; longer ones will fail"
+            )
+        else:
+            counts = counted
+    try:
+        made = plan(
+            options.prompts, per_class=options.per_class, num_prompts=options.load.num_prompts,
+            duration=options.load.duration, max_tokens=options.max_tokens, named=options.named_classes,
+            limit=limit, counts=counts, source=options.source,
+        )  # fmt: skip
+    except PlanError as exc:
+        raise BenchError(str(exc)) from None
+    return replace(made, notes=(*notes, *made.notes))
+
+
+async def _measure(
+    session: aiohttp.ClientSession, server: Server, planned: Plan, options: Options, progress: Progress | None
+) -> None:
+    for phase in planned.phases:
 
         async def send(prompt: Prompt) -> client.Result:
             request = client.body(
-                options.api, model, prompt.text, prompt.max_tokens or options.max_tokens, options.temperature,
-                options.load.seed,
+                options.api, server.model, prompt.text, prompt.max_tokens or options.max_tokens,
+                options.temperature, options.load.seed,
             )  # fmt: skip
-            return await client.send(session, url, options.api, request, prompt.klass, options.timeout)
+            return await client.send(session, server.url, options.api, request, prompt.klass, options.timeout)
 
-        before = await _spec(session, url)
-        results, seconds = await run(options.load, prompts, send, _reporter(progress, klass))
-        after = await _spec(session, url)
-        server.positions = max(server.positions, len(after.per_position))
-        server.phases[klass] = {
+        start = await _read(session, server.url)
+        warmed = await warm_up(options.load, phase.prompts, send)
+        before = await _settled(session, server, start, sum(1 for r in warmed if r.ok))
+        load = replace(options.load, num_prompts=phase.requests, warmup=0)
+        results, seconds = await run(load, phase.prompts, send, _reporter(progress, phase.klass))
+        after = await _settled(session, server, before, sum(1 for r in results if r.ok))
+        spec_before, spec_after = _spec(before), _spec(after)
+        server.positions = max(server.positions, len(spec_after.per_position))
+        measured: dict[str, Any] = {
             "summary": stats.summarize(results, seconds),
-            "acceptance": stats.acceptance(before, after),
+            "acceptance": stats.acceptance(spec_before, spec_after),
+            "server": {},
             "results": results,
         }
-    return server
+        if before is not None and after is not None:
+            span = (before, after)
+            server.spans.append(span)
+            measured["server"] = histograms.server_figures(server.model, [span])
+            counted = histograms.requests_counted(server.model, span)
+            if counted is not None and counted > len(results):
+                measured["server_note"] = (
+                    f"the server finished {counted:.0f} requests during the phase, {len(results)} of them "
+                    "the benchmark's: its histogram figures include the others"
+                )
+        server.phases[phase.klass] = measured
+
+
+async def _settled(
+    session: aiohttp.ClientSession, server: Server, before: histograms.Reading | None, completed: int
+) -> histograms.Reading | None:
+    """The server's page once its e2e histogram has counted the ``completed`` requests answered
+    since ``before``, or the last one read within SETTLE_SECONDS."""
+    after = await _read(session, server.url)
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while before is not None and after is not None and time.monotonic() < deadline:
+        counted = histograms.requests_counted(server.model, (before, after))
+        if counted is None or counted >= completed:
+            break
+        await asyncio.sleep(SETTLE_STEP)
+        after = await _read(session, server.url) or after
+    return after
+
+
+def _spec(reading: histograms.Reading | None) -> stats.SpecCounts:
+    if reading is None:
+        return stats.SpecCounts()
+    try:
+        return stats.spec_counts(reading.text)
+    except ValueError:  # not a page prometheus_client can read: no acceptance figures
+        return stats.SpecCounts()
 
 
 def _reporter(progress: Progress | None, klass: str) -> Callable[[client.Result], None] | None:
     if progress is None:
         return None
-    return lambda result: progress(klass, result)
+    return lambda result: progress.update(klass, result)
 
 
-async def _model(session: aiohttp.ClientSession, url: str, wanted: str | None) -> str:
+async def _model(session: aiohttp.ClientSession, url: str, wanted: str | None) -> tuple[str, int | None]:
+    """The model to benchmark and its context length (``max_model_len``, None if not given)."""
     try:
         async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as answer:
             if answer.status != 200:
@@ -133,18 +250,16 @@ async def _model(session: aiohttp.ClientSession, url: str, wanted: str | None) -
         ) from None
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise BenchError(f"{url}/v1/models: {type(exc).__name__}: {exc}") from None
-    served = (
-        [str(m.get("id")) for m in body.get("data", []) if isinstance(m, dict)]
-        if isinstance(body, dict)
-        else []
-    )
+    cards = [m for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
+    served = {str(card.get("id")): card for card in cards}
     if not served:
         raise BenchError(f"{url} serves no model (its /v1/models lists none)")
-    if wanted is None:
-        return served[0]
-    if wanted not in served:
+    model = wanted if wanted is not None else next(iter(served))
+    if model not in served:
         raise BenchError(f"{url} does not serve {wanted!r}; it serves {', '.join(served)}")
-    return wanted
+    length = served[model].get("max_model_len")
+    valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+    return model, length if valid else None
 
 
 async def _version(session: aiohttp.ClientSession, url: str) -> str | None:
@@ -156,14 +271,16 @@ async def _version(session: aiohttp.ClientSession, url: str) -> str | None:
     return str(body["version"]) if isinstance(body, dict) and "version" in body else None
 
 
-async def _spec(session: aiohttp.ClientSession, url: str) -> stats.SpecCounts:
+async def _read(session: aiohttp.ClientSession, url: str) -> histograms.Reading | None:
+    """The server's ``/metrics`` now, or None when it has none to give."""
     try:
         async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=30)) as answer:
             if answer.status != 200:
-                return stats.SpecCounts()
-            return stats.spec_counts(await answer.text())
+                return None
+            text = await answer.text()
     except (aiohttp.ClientError, TimeoutError, ValueError):
-        return stats.SpecCounts()
+        return None
+    return histograms.reading(text)
 
 
 def compare(spec: Server, plain: Server) -> dict[str, Any]:

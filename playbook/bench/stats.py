@@ -126,3 +126,27 @@ def summarize(results: Sequence[Result], seconds: float) -> dict[str, Any]:
         "e2e": distribution(e2e),
         "tokens_per_chunk": (sum(sum(r.gap_tokens) for r in ok) / len(itl)) if itl else None,
     }
+
+
+def client_figures(results: Sequence[Result], seconds: float) -> dict[str, float]:
+    """The run's figures as its client timed them, named as the baseline's ``client`` figures
+    (the catalog's names where the quantity is the same): every answered request together."""
+    ok = [r for r in results if r.ok]
+    e2e = distribution([r.e2e for r in ok if r.e2e is not None])
+    ttft = distribution([r.ttft for r in ok if r.ttft is not None])
+    itl = distribution([gap for r in ok for gap in r.gaps])
+    tpot = distribution([t for r in ok if (t := r.tpot) is not None])
+    figures = {
+        "e2e_latency_p50": e2e["p50"],
+        "e2e_latency_p95": e2e["p95"],
+        "e2e_latency_p99": e2e["p99"],
+        "e2e_latency_mean": e2e["mean"],
+        "ttft_p95": ttft["p95"],
+        "itl_p50": itl["p50"],
+        "itl_p95": itl["p95"],
+        "tpot_p50": tpot["p50"],
+        "tpot_p95": tpot["p95"],
+        "tpot_mean": tpot["mean"],
+        "output_throughput": sum(r.output_tokens for r in ok) / seconds if ok and seconds > 0 else None,
+    }
+    return {name: value for name, value in figures.items() if value is not None}

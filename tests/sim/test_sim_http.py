@@ -12,7 +12,17 @@ import pytest
 
 from sim.options import SimOptions
 from sim.server import start_simulator
-from tests.sim.simclient import FIXTURES, MODEL, metrics_text, running, speculative, value
+from tests.sim.simclient import (
+    FIXTURES,
+    MODEL,
+    chat,
+    completion,
+    metrics_text,
+    post,
+    running,
+    speculative,
+    value,
+)
 from tests.vllm_http import PROBES, differences, observe_all
 
 
@@ -58,6 +68,38 @@ async def test_version_models_and_port_zero(session: aiohttp.ClientSession) -> N
         "max_model_len": 2048,
     }
     assert card["permission"][0]["object"] == "model_permission"
+
+
+async def test_tokenize_counts_a_prompt_as_generation_charges_it_whatever_its_length(
+    session: aiohttp.ClientSession,
+) -> None:
+    long_text = "word " * 2000  # far past the context: counting is how a client learns that
+    async with running(max_model_len=1024) as sim:
+        counted = await post(session, sim, "/tokenize", {"model": MODEL, "prompt": "Tell me a story."})
+        as_chat = await post(
+            session, sim, "/tokenize", {"messages": [{"role": "user", "content": "Tell me a story."}]}
+        )
+        long = await post(session, sim, "/tokenize", {"prompt": long_text})
+        served = await completion(session, sim, prompt="Tell me a story.", max_tokens=2)
+        chatted = await chat(
+            session, sim, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=2
+        )
+        async with session.post(sim.url + "/tokenize", json={"model": "llama-70b", "prompt": "x"}) as answer:
+            wrong_model = (answer.status, await answer.json())
+        async with session.post(sim.url + "/tokenize", json={"model": MODEL}) as answer:
+            nothing = (answer.status, await answer.json())
+        async with session.post(
+            sim.url + "/tokenize", data=b"{", headers={"Content-Type": "application/json"}
+        ) as answer:
+            not_json = answer.status
+    assert set(counted) == {"count", "max_model_len", "tokens", "token_strs"}
+    assert counted["max_model_len"] == 1024 and counted["count"] == len(counted["tokens"])
+    assert counted["count"] == served["usage"]["prompt_tokens"]  # what a request is charged
+    assert as_chat["count"] == chatted["usage"]["prompt_tokens"]  # the chat template included
+    assert long["count"] == 2500 and long["max_model_len"] == 1024
+    assert wrong_model[0] == 404 and "`llama-70b` does not exist" in wrong_model[1]["error"]["message"]
+    assert nothing[0] == 400 and "Either prompt or messages" in nothing[1]["error"]["message"]
+    assert not_json == 400
 
 
 async def test_every_answer_has_the_status_headers_and_shape_a_real_vllm_gave() -> None:

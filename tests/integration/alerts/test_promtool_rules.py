@@ -36,9 +36,17 @@ BASELINE = {
     "measured_at": "2026-11-30T10:00:00Z",
     "method": "specguard bench, 200 requests",
     "entries": [
-        {"model": "llama", "signals": {"e2e_latency_p95": 1.84}, "speculative": {"method": "eagle3"}},
-        {"model": "llama", "instance": "10.0.0.7:8000", "signals": {"e2e_latency_p95": 2.1}},
-        {"signals": {"e2e_latency_p95": 1.5}, "speculative": {"draft_cost": 0.1}},
+        {
+            "model": "llama",
+            "signals": {"e2e_latency_p95": 1.84, "e2e_latency_mean": 1.2},
+            "speculative": {"method": "eagle3"},
+        },
+        {
+            "model": "llama",
+            "instance": "10.0.0.7:8000",
+            "signals": {"e2e_latency_p95": 2.1, "e2e_latency_mean": 1.4},
+        },
+        {"signals": {"e2e_latency_p95": 1.5, "e2e_latency_mean": 1.0}, "speculative": {"draft_cost": 0.1}},
     ],
 }
 
@@ -79,12 +87,13 @@ def test_promtool_accepts_the_export_of_the_shipped_pack(tmp_path: Path, with_ba
     # The detector is specguard's alone: its evidence carries over between evaluations.
     assert "acceptance_collapse" in result.skipped and "acceptance_collapse" not in exported
     if with_baseline:
-        # latency_regression: the three entries; speculation_unprofitable: the model entry and the
-        # default (the model+instance entry gives no draft cost: an error in specguard, no rule).
-        assert len(exported) == 4 + 3 + 2
+        # latency_regression and latency_mean_regression: the three entries each;
+        # speculation_unprofitable: the model entry and the default (the model+instance entry
+        # gives no draft cost: an error in specguard, no rule).
+        assert len(exported) == 4 + 3 + 2 + 3
         assert set(exported) == {
             "acceptance_low", "acceptance_critical", "acceptance_fallback", "memory_pressure",
-            "latency_regression", "speculation_unprofitable",
+            "latency_regression", "speculation_unprofitable", "latency_mean_regression",
         }  # fmt: skip
     else:
         assert set(exported) == {
@@ -95,6 +104,7 @@ def test_promtool_accepts_the_export_of_the_shipped_pack(tmp_path: Path, with_ba
         }
         assert sorted(result.skipped) == [
             "acceptance_collapse",
+            "latency_mean_regression",
             "latency_regression",
             "speculation_unprofitable",
         ]

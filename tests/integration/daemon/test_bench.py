@@ -62,7 +62,7 @@ async def truth(url: str) -> dict[str, dict[str, Any]]:
 
 def options(url: str, **extra: Any) -> Options:
     return Options(
-        url=url, prompts=PROMPTS, load=Load(concurrency=2, warmup=0, seed=3), max_tokens=40, **extra
+        url=url, prompts=PROMPTS, load=Load(concurrency=2, warmup=1, seed=3), max_tokens=40, **extra
     )
 
 
@@ -106,9 +106,14 @@ async def test_the_figures_match_the_servers_ground_truth_at_k_5(spec: Simulator
         # a mean takes in every hiccup of a loaded machine's event loop; the median does not
         assert statistics.mean(measured) == pytest.approx(statistics.mean(true), rel=0.05)
 
-    # acceptance for exactly the run, from /metrics before and after, against the ground truth
+    # acceptance for exactly the run, from /metrics before and after, against the ground truth;
+    # vLLM's e2e histogram counted exactly the phase's requests (not the warm-up's), and its exact
+    # mean (sum / count) is theirs
     for klass, phase in report["phases"].items():
         mine = [records[r.response_id] for r in phase["results"]]
+        assert "server_note" not in phase, phase["server_note"]
+        true_mean = statistics.mean(r["finished_time"] - r["arrival_time"] for r in mine)
+        assert phase["server"]["e2e_latency_mean"] == pytest.approx(true_mean, rel=1e-6), klass
         accepted = sum(s["accepted"] for r in mine for s in r["steps"])
         drafted = sum(s["draft_tokens"] for r in mine for s in r["steps"])
         drafts = sum(1 for r in mine for s in r["steps"] if s["draft_tokens"])
@@ -132,6 +137,17 @@ async def test_against_a_server_without_speculation_gives_the_speedup_and_the_dr
         row = report["comparison"][klass]
         assert row["gains"] and row["tpot_speedup"] > 2.5, row  # ~ MAL / (1 + 5 c) = 4.7 / 1.5
         assert row["draft_cost"] == pytest.approx(0.1, abs=0.02), row  # the simulator's c
+    # the baseline says what speculation bought: the plain server's figures and the speedup
+    made = entry(report, "draft_model", "2026-12-03T10:00:00Z")
+    plain = made["without_speculation"]
+    assert plain["vllm_version"] == "0.32.0"
+    assert plain["signals"] == report["against"]["overall"]["server"]
+    assert plain["client"] == report["against"]["overall"]["client"]
+    assert plain["speedup"]["tpot"] == pytest.approx(plain["client"]["tpot_p50"] / made["client"]["tpot_p50"])
+    assert (
+        plain["speedup"]["tpot"] > 2.5 and plain["signals"]["tpot_mean"] > 2.5 * made["signals"]["tpot_mean"]
+    )
+    assert parse_baseline({"version": 2, "measured_at": "2026-12-03T10:00:00Z", "entries": [made]})
 
 
 async def test_a_collapsed_acceptance_shows_as_a_loss(tmp_path: Path) -> None:
@@ -159,17 +175,24 @@ async def test_the_baseline_is_written_per_model_and_read_by_the_daemon(
     other, mine = written["entries"]
     assert other == {"model": "other-model", "signals": {"e2e_latency_p95": 9.0}}
     e2e = sorted(r.e2e for p in report["phases"].values() for r in p["results"])
-    assert mine["signals"]["e2e_latency_p95"] == pytest.approx(
+    # the client's figures beside; the signals are vLLM's histograms, as the rules compute them
+    assert mine["client"]["e2e_latency_p95"] == pytest.approx(
         statistics.quantiles(e2e, n=100, method="inclusive")[94]
     )
+    assert mine["signals_from"] == "vllm_metrics"
+    assert mine["signals"] == report["overall"]["server"]
     assert set(mine["signals"]) == {
-        "e2e_latency_p50",
-        "e2e_latency_p95",
-        "e2e_latency_p99",
-        "ttft_p95",
-        "itl_p50",
-        "itl_p95",
-    }
+        "e2e_latency_p50", "e2e_latency_p95", "e2e_latency_p99", "e2e_latency_mean", "ttft_p95", "itl_p50",
+        "itl_p95", "tpot_p50", "tpot_p95", "tpot_mean", "generation_throughput",
+    }  # fmt: skip
+    assert set(mine["client"]) == {
+        "e2e_latency_p50", "e2e_latency_p95", "e2e_latency_p99", "e2e_latency_mean", "ttft_p95", "itl_p50",
+        "itl_p95", "tpot_p50", "tpot_p95", "tpot_mean", "output_throughput",
+    }  # fmt: skip
+    records = await truth(spec.url)
+    answered = [records[r.response_id] for p in report["phases"].values() for r in p["results"]]
+    true_mean = statistics.mean(r["finished_time"] - r["arrival_time"] for r in answered)
+    assert mine["signals"]["e2e_latency_mean"] == pytest.approx(true_mean, rel=1e-6)
     assert mine["vllm_version"] == "0.32.0" and mine["speculative"] == {"method": "draft_model"}
     assert "12 requests, concurrency 2" in mine["measured_with"]
     baseline = parse_baseline(written)
@@ -199,7 +222,7 @@ async def broken_server(mode: str) -> web.AppRunner:
     ``4xx`` refuses each, ``cut`` closes the stream half-way."""
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "tiny-llama"}]})
+        return web.json_response({"data": [{"id": "tiny-llama", "max_model_len": 4096}]})
 
     async def complete(request: web.Request) -> web.StreamResponse:
         if mode == "4xx":
@@ -326,10 +349,32 @@ async def test_check_shows_the_baseline_entries_the_rules_read(spec: Simulator, 
     (tmp_path / "specguard.yaml").write_text("baseline: baseline.json\nrules: [builtin:speculative]\n")
     code, out, err = await specguard("check", "--config", str(tmp_path / "specguard.yaml"))
     assert code == 0, err
+    assert "warning" not in err, err  # histogram figures: nothing to warn of
     p95 = written["signals"]["e2e_latency_p95"]
     assert f"  latency_regression: model tiny-llama: e2e_latency_p95 = {p95:.4g}, measured " in out, out
     # draft_model has no default cost: the A/B run measures it; without one, check says so
     assert "  speculation_unprofitable: model tiny-llama: no draft cost" in out, out
+
+
+async def test_a_server_without_metrics_or_tokenize_is_benchmarked_and_said_so(tmp_path: Path) -> None:
+    runner = await broken_server("no-text")  # answers well, has no /metrics and no /tokenize
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        code, out, err = await specguard(
+            "bench", "--url", url, "--classes", "chat", "--num-prompts", "3", "--warmup", "0",
+            "--write-baseline", str(tmp_path / "baseline.json"),
+        )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    assert code == 0, err
+    assert (
+        f"prompts not checked against max_model_len 4096: {url} has no /tokenize; longer ones will fail"
+        in err
+    )
+    assert "vLLM's /metrics gave no latency histograms" in out
+    assert "the baseline holds client figures only (under `client`), which no rule compares with" in err
+    written = json.loads((tmp_path / "baseline.json").read_text())["entries"][0]
+    assert written["signals"] == {} and "signals_from" not in written and written["client"]["tpot_p50"] > 0
 
 
 async def test_tokens_without_text_are_output_all_the_same() -> None:
@@ -386,3 +431,62 @@ async def test_the_chat_api_is_measured_the_same_way(spec: Simulator) -> None:
         true.append(record["first_token_time"] - record["arrival_time"])
     # a role-only first chunk carries no output: TTFT is the first token's
     assert statistics.median(measured) == pytest.approx(statistics.median(true), rel=0.05)
+
+
+async def test_on_its_defaults_against_the_default_simulator_the_prompts_that_cannot_fit_are_left_out() -> (
+    None
+):
+    # The simulator's context is 1,024 tokens: long_context's documents (1,800+ tokens) cannot run.
+    sim = await simulator(3, step=0.002)
+    try:
+        code, out, err = await specguard("bench", "--url", sim.url, "--num-prompts", "10", "--max-tokens", "8",
+                                         "--warmup", "0", "--json")  # fmt: skip
+        named_code, _, named_err = await specguard(
+            "bench",
+            "--url",
+            sim.url,
+            "--classes",
+            "chat,long_context",
+            "--num-prompts",
+            "4",
+            "--max-tokens",
+            "8",
+        )
+    finally:
+        await sim.stop()
+    assert code == 0, err
+    (note,) = [line for line in err.splitlines() if "left out" in line]
+    assert note == (
+        "specguard bench: left out 10 prompt(s) that cannot fit max_model_len 1024 with their output "
+        "(--max-tokens 8): long_context (all 10: not run)"
+    )
+    report = json.loads(out)
+    # --num-prompts counts in all, as vllm bench serve does: 10 shared among the 4 classes that run
+    counts = {klass: phase["summary"]["requests"] for klass, phase in report["phases"].items()}
+    assert counts == {"chat": 3, "code": 3, "summarization": 2, "multilingual": 2}
+    assert all(p["summary"]["completed"] == p["summary"]["requests"] for p in report["phases"].values())
+    assert report["left_out"] == {"long_context": 10} and report["server"]["max_model_len"] == 1024
+    # a class asked for by name that cannot run is a mistake: said, and nothing is run
+    assert named_code == 1 and "Traceback" not in named_err
+    assert named_err.strip().splitlines()[-1] == (
+        "specguard bench: class long_context cannot run: none of its 10 prompts fits max_model_len 1024 with "
+        "--max-tokens 8 (the shortest has 1836 prompt tokens); serve a longer context (vLLM's --max-model-len), "
+        "lower --max-tokens, or leave long_context out of --classes"
+    )
+
+
+async def test_help_says_num_prompts_counts_in_all_and_duration_per_class() -> None:
+    code, out, _ = await specguard("bench", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    assert (
+        "--num-prompts N requests in all, shared evenly among the classes, as vllm bench serve counts them"
+        in text
+    )
+    assert "--duration DURATION measured time of each class (each phase)" in text
+
+
+async def test_too_few_prompts_for_the_classes_is_refused(spec: Simulator) -> None:
+    code, _, err = await specguard("bench", "--url", spec.url, "--classes", "chat,code", "--num-prompts", "1")
+    assert code == 1 and "Traceback" not in err
+    assert "--num-prompts 1 counts requests in all, and 2 classes run (chat, code): give at least 2" in err

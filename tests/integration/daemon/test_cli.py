@@ -86,6 +86,7 @@ async def test_eval_once_table_on_the_default_rules_and_an_unreachable_server(un
         "acceptance_fallback": "no_data",
         "acceptance_collapse": "no_data",
         "latency_regression": "error",  # no baseline configured
+        "latency_mean_regression": "error",
         "memory_pressure": "no_data",
         "speculation_unprofitable": "error",  # no baseline: the draft's cost is unknown
     }

@@ -68,7 +68,7 @@ def unused_actions(stderr: str) -> list[str]:
 async def test_the_example_config_checks_as_shipped(tmp_path: Path) -> None:
     code, out, err = await specguard("check", "--config", str(EXAMPLE), cwd=tmp_path, env=environment(None))
     assert code == 0, out + err
-    assert out.startswith("OK: 7 rules in 1 file(s), 2 action(s)"), out  # log-warn and the built-in log
+    assert out.startswith("OK: 8 rules in 1 file(s), 2 action(s)"), out  # log-warn and the built-in log
     # What it leaves to the operator is the baseline, measured on the host with `specguard bench`,
     # and naming its actions in rules (the shipped pack's rules name only `log`).
     assert warnings(err), err
@@ -98,7 +98,7 @@ async def test_the_example_with_its_actions_on_needs_and_takes_the_credentials(t
         "check", "--config", str(config), cwd=tmp_path, env=environment(credentials)
     )
     assert code == 0, out + err
-    assert out.startswith("OK: 7 rules in 1 file(s), 4 action(s)"), out  # fallback and oncall too
+    assert out.startswith("OK: 8 rules in 1 file(s), 4 action(s)"), out  # fallback and oncall too
     # oncall posts the weekly report (report.slack); the flag waits for a rule that names it
     assert unused_actions(err) == ["fallback", "log-warn"], err
     assert all("baseline" in line for line in warnings(err) if "actions." not in line), err

@@ -61,7 +61,8 @@ BASELINE = """\
   "method": "specguard bench, 200 requests",
   "signals": {
     "e2e_latency_p95": 1.84,
-    "ttft_p95": 0.21
+    "ttft_p95": 0.21,
+    "e2e_latency_mean": 1.31
   },
   "speculative": {"method": "eagle3"}
 }
@@ -162,12 +163,13 @@ def test_the_shipped_rules_that_need_a_baseline_are_only_warnings_without_one(
     assert out.startswith("OK:")
     assert error_lines(err) == []
     warnings = warning_lines(err)
-    assert len(warnings) == 2, err
-    assert re.fullmatch(
-        r"builtin:speculative:\d+: warning: rules\[4\]\.condition: "
-        r"refers to the baseline, but no baseline file is configured.*",
-        warnings[0],
-    )
+    assert len(warnings) == 3, err
+    for line, index in zip(warnings[::2], (4, 7), strict=True):  # latency_regression, latency_mean_regression
+        assert re.fullmatch(
+            rf"builtin:speculative:\d+: warning: rules\[{index}\]\.condition: "
+            r"refers to the baseline, but no baseline file is configured.*",
+            line,
+        )
     assert re.fullmatch(
         r"builtin:speculative:\d+: warning: rules\[6\]\.signal: estimated_speedup needs the draft's cost .*",
         warnings[1],
@@ -519,14 +521,20 @@ def test_a_baseline_with_an_unknown_signal(capsys: pytest.CaptureFixture[str]) -
     assert_one_error(code, err, "baseline.json:7: signals.bogus_signal: unknown signal 'bogus_signal'")
 
 
-def test_a_baseline_without_the_signal_a_rule_refers_to(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_baseline_without_the_signal_a_rule_refers_to_is_a_warning_as_no_baseline_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # As without a baseline file: the rule reports an error until the file has the value (a file
+    # from an older bench lacks the figures bench writes now), and the daemon can start.
     write("cfg.yaml", "baseline: baseline.json\nrules: [rules.yaml]\n")
     write("rules.yaml", ONE_RULE.replace('"< 0.5"', '"< 0.8 * baseline.acceptance_rate"'))
     write("baseline.json", BASELINE)
-    code, _, err = check(capsys, "--config", "cfg.yaml")
-    assert_one_error(
-        code, err, "rules.yaml:4: rules[0].condition: the baseline has no value for 'acceptance_rate'"
-    )
+    code, out, err = check(capsys, "--config", "cfg.yaml")
+    assert code == 0 and out.startswith("OK:"), err
+    assert warning_lines(err) == [
+        "rules.yaml:4: warning: rules[0].condition: the baseline has no value for 'acceptance_rate': "
+        "the rule reports an error until it has one (`specguard bench --write-baseline` writes it)"
+    ]
 
 
 def test_a_condition_on_a_baseline_signal_that_does_not_exist(capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,9 @@ CATALOG_SAMPLES_IN_0_32 = {
     "vllm:e2e_request_latency_seconds_bucket",
     "vllm:e2e_request_latency_seconds_count",
     "vllm:e2e_request_latency_seconds_sum",
+    "vllm:request_time_per_output_token_seconds_bucket",
+    "vllm:request_time_per_output_token_seconds_count",
+    "vllm:request_time_per_output_token_seconds_sum",
 }
 
 

@@ -13,8 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from daemon.exposition import parse_exposition
 from daemon.sources.base import SourceResult
-from daemon.sources.scrape import ScrapeSource, bucket_quantile, counter_rate, instance_label
+from daemon.sources.scrape import ScrapeSource, bucket_quantile, counter_rate, instance_label, signal_over
 from rules.signals import DEFAULT_GROUP_BY, get_signal
 from tests.pages import (
     ACCEPTED,
@@ -360,6 +361,44 @@ async def test_e2e_latency_quantiles_follow_prometheus_interpolation() -> None:
     # rank 9.5 lies in (0.8, 1.0], which holds ranks 8..10: 0.8 + 0.2 * 1.5 / 2
     assert p95 == {SERIES: pytest.approx(0.8 + 0.2 * 1.5 / 2, rel=1e-12)}
     assert p99 == {SERIES: pytest.approx(0.8 + 0.2 * 1.9 / 2, rel=1e-12)}
+
+
+async def test_the_mean_latency_is_exact_where_the_quantile_reads_the_bucket() -> None:
+    clock = Clock()
+    source = make_source(clock)
+    # Every request between 0.55 and 0.6 s: inside vLLM's 0.5-0.8 s bucket, where p95 interpolates
+    # to near the top while the histogram's sum / count gives the true mean.
+    observed = [0.55, 0.56, 0.57, 0.58, 0.6]
+    ingest_pair(source, SELF_DRAFT, observe(SELF_DRAFT, E2E, observed), clock, dt=10.0)
+
+    assert await query(source, "e2e_latency_mean") == {SERIES: pytest.approx(0.572, rel=1e-9)}
+    assert await query(source, "e2e_latency_p95") == {SERIES: pytest.approx(0.5 + 0.3 * 0.95, rel=1e-12)}
+
+
+async def test_tpot_reads_vllms_per_request_histogram() -> None:
+    clock = Clock()
+    source = make_source(clock)
+    tpot = "vllm:request_time_per_output_token_seconds"
+    ingest_pair(source, SELF_DRAFT, observe(SELF_DRAFT, tpot, [0.012, 0.014, 0.02, 0.03]), clock, dt=10.0)
+
+    # ranks 1..3 in (0.01, 0.025]: p50 at rank 2 is 0.01 + 0.015 * 2 / 3
+    assert await query(source, "tpot_p50") == {SERIES: pytest.approx(0.01 + 0.015 * 2 / 3, rel=1e-12)}
+    assert await query(source, "tpot_mean") == {SERIES: pytest.approx(0.019, rel=1e-9)}
+
+
+async def test_samples_taken_elsewhere_give_what_the_rule_computes_over_them() -> None:
+    clock = Clock()
+    source = make_source(clock)
+    later = observe(add(SELF_DRAFT, GENERATED, 500), E2E, [0.4, 0.6, 0.7, 0.9])
+    ingest_pair(source, SELF_DRAFT, later, clock, dt=10.0)
+    samples = {
+        INSTANCE: [(clock.now - 10.0, parse_exposition(SELF_DRAFT)), (clock.now, parse_exposition(later))]
+    }
+    for name in ("e2e_latency_p95", "e2e_latency_mean", "generation_throughput"):
+        theirs = signal_over(get_signal(name), samples, DEFAULT_GROUP_BY)
+        assert {key(**s.labels): s.value for s in theirs.series} == await query(source, name), name
+    with pytest.raises(ValueError, match="token_acceptance needs the scrape source's edge samples"):
+        signal_over(get_signal("token_acceptance"), samples, DEFAULT_GROUP_BY)
 
 
 async def test_itl_quantile_in_the_first_bucket_interpolates_from_zero() -> None:
