@@ -169,10 +169,12 @@ class Daemon:
             await self.store.open()
         except StoreError as exc:
             raise SystemExit(f"specguard: {exc}") from None
-        configured = {r.name for r in self.loaded.rules}
+        # A disabled rule's series are forgotten as a removed rule's are: enabled again, it starts
+        # from inactive, as a Prometheus alerting rule does, and a breach then is a new incident.
+        configured = {r.name for r in self.loaded.rules if r.rule.enabled}
         dropped = await self.store.forget_rules(configured)
         if dropped:
-            log.info("forgot the state of %d rule(s) no longer configured", dropped)
+            log.info("forgot the state of %d rule(s) no longer configured or disabled", dropped)
         self.states = await self.store.load_states()
         firing = sum(1 for s in self._all_series() if s.state is State.FIRING)
         log.info(
@@ -804,7 +806,7 @@ class Daemon:
             self.dispatcher.actions = dict(new.actions)
             self.dispatcher.set_rules(new.rules)
             self.dispatcher.dry_run = new.config.dry_run
-            configured = {r.name for r in new.rules}
+            configured = {r.name for r in new.rules if r.rule.enabled}  # as at start
             for name in list(self.states):
                 if name not in configured:
                     del self.states[name]

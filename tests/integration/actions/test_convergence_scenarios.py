@@ -259,6 +259,30 @@ async def test_a_flag_held_by_a_rule_a_reload_takes_away_is_restored(
     assert [run["kind"] for run in done] == ["resolved"] and done[0]["rule"] != "loose"
 
 
+async def test_a_rule_disabled_and_enabled_again_while_it_breaches_fires_anew(
+    started: Callable[..., Awaitable[Daemon]], tmp_path: Path
+) -> None:
+    """A disabled rule's series are forgotten as a removed rule's are; enabled again while the
+    breach goes on, the breach is a new firing (with its own page), as in Prometheus."""
+    rules = TWO_RULES.format(first="loose", first_actions="[log]")
+    daemon = await started(config(FILE), rules)
+    source(daemon).value = 0.45  # `loose` fires, `tight` does not
+
+    def firings() -> list[int]:
+        return [r["event_id"] for r in runs(daemon, "log") if r["rule"] == "loose" and r["kind"] == "firing"]
+
+    await until("loose fires", lambda: len(firings()) == 1)
+    (tmp_path / "rules.yaml").write_text(
+        rules.replace("actions: [log]", "actions: [log]\n    enabled: false")
+    )
+    assert await daemon.reload()
+    assert "loose" not in daemon.states and "loose" not in await daemon.store.load_states()
+    (tmp_path / "rules.yaml").write_text(rules)
+    assert await daemon.reload()
+    await until("loose fires again, a firing of its own", lambda: len(firings()) == 2, shown=firings)
+    assert firings()[1] > firings()[0]
+
+
 # --- 3. a failed engage is tried again until the flag API answers ----------------------------------
 
 

@@ -163,6 +163,11 @@ def config(variant: str) -> dict[str, LoadedRule]:
     return rules
 
 
+def enabled(rules: dict[str, LoadedRule]) -> set[str]:
+    """The rules whose series the daemon keeps: configured and enabled."""
+    return {name for name, item in rules.items() if item.rule.enabled}
+
+
 class Host:
     """The daemon's dispatching half, as `specguard run` wires it, driven step by step."""
 
@@ -232,7 +237,7 @@ class Host:
         store._call = call  # type: ignore[method-assign]
         self.store = store
         self.dispatcher = Dispatcher(store, self.actions(), False, DaemonMetrics(), rules=rules.values())
-        await store.forget_rules(set(rules))
+        await store.forget_rules(enabled(rules))
         await self.dispatcher.run()
         await self.tick()
 
@@ -257,7 +262,7 @@ class Host:
         self.rules = rules
         self.dispatcher.actions = self.actions()
         self.dispatcher.set_rules(rules.values())
-        await self.store.forget_rules(set(rules))
+        await self.store.forget_rules(enabled(rules))
         await self.tick()
 
     async def evaluate(self) -> None:
@@ -748,4 +753,20 @@ def test_a_kill_during_an_engage_the_controller_carried_out_unwatched_is_a_kill(
         ("silence", {"name": "alpha", "minutes": 1}),
         ("fire", {"name": "alpha", "instance": "h1"}),
         ("expire_silence", {}),
+    )
+
+
+def test_a_rule_enabled_again_while_its_series_fires_pages_on_call() -> None:
+    """I3 broke: beta fired under a silence, its page deferred; disabled, the page was called off;
+    enabled again while the series still fired, the series was still 'firing' in the store, so no
+    new firing came and on-call was never paged. A disabled rule's series are now forgotten, as a
+    removed rule's are: enabled again, the breach is a new firing."""
+    replay(
+        ("silence", {"name": "beta", "minutes": 1}),
+        ("fire", {"name": "beta", "instance": "h1"}),
+        ("reload", {"variant": "disabled"}),
+        ("expire_silence", {}),
+        ("restart", {}),
+        ("reload", {"variant": "original"}),
+        ("wait", {"ticks": 3}),
     )
