@@ -17,6 +17,7 @@ from typing import Any
 
 from daemon import __version__
 from daemon.cli import backup as cli_backup
+from daemon.cli import detectors as cli_detectors
 from daemon.cli import ladder as cli_ladder
 from daemon.cli import report as cli_report
 
@@ -289,6 +290,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"OK: {len(loaded.rules)} rules in {files} file(s), {len(loaded.actions)} action(s)")
     if loaded.baseline is not None:
         _print_baseline_use(loaded)
+    cli_detectors.print_detectors(loaded)
     return 0
 
 
@@ -528,7 +530,8 @@ def _detector_line(d: Mapping[str, Any]) -> str:
     trials, its own evidence 0 (phi 3.1)``."""
     parts = [f"CUSUM G {_number(d['g'])} of h {_number(d['h'])}", f"phi {_number(d['phi'])}"]
     levels = " / ".join(_number(level) for level in d["shift_to"]) or "-"
-    parts.append(f"acceptance {_number(d['in_control'])} -> {levels}")
+    source = " (the baseline's)" if d.get("in_control_from") == "baseline" else ""
+    parts.append(f"acceptance {_number(d['in_control'])}{source} -> {levels}")
     if d.get("window_alpha") is not None:
         window = f"last window {_number(d['window_alpha'])} over {d['window_trials']:,.0f} trials"
         if d.get("window_evidence") is not None:
@@ -536,6 +539,8 @@ def _detector_line(d: Mapping[str, Any]) -> str:
         parts.append(window)
     if d.get("warming_up"):
         parts.append(f"warming up ({d['warmup']})")
+    if d.get("not_homogeneous"):
+        parts.append(f"warm-up not homogeneous {d['not_homogeneous']}")
     return "; ".join(parts)
 
 
