@@ -333,7 +333,7 @@ def _warm(
     windows = state.held.series(interval)
     result = examine(detect, windows)
     if result is not None and result.shift is not None:
-        reason = shift_reason(result, state.held, interval)
+        reason = shift_reason(result, state.held, windows, interval)
         if state.unsettled is None:
             state.unsettled = Unsettled(now, 0, reason)
             said["unsettled"][key] = reason

@@ -125,17 +125,22 @@ def examine(detect: Detect, windows: list[Window]) -> Homogeneity | None:
     return check(windows, drops)
 
 
-def shift_reason(result: Homogeneity, held: Held, interval: float) -> str:
-    """What a check that found a shift says: where, at what level, against what."""
+def shift_reason(result: Homogeneity, held: Held, windows: list[Window], interval: float) -> str:
+    """What a check that found a shift says: where, at what level against the rest, how many of its
+    windows lie past the level it was checked for."""
     shift = result.shift
     assert shift is not None
     begin, end = held.time_of(shift.begin), held.time_of(shift.end)
-    side = "below" if shift.below else "above"
+    stretch = windows[shift.begin : shift.end + 1]
+    if shift.below:
+        past, bound = sum(w.alpha < shift.level for w in stretch), f"under {shift.level:.3f} (the median less"
+    else:
+        past, bound = sum(w.alpha > shift.level for w in stretch), f"over {shift.level:.3f} (the median plus"
     return (
-        f"its windows from {clock(begin - interval)} for {format_duration(end - begin + interval)} had "
-        f"acceptance {shift.alpha:.3f}, {side} the warm-up's median {result.center:.3f} by more than "
-        f"{shift.drop:g} (CUSUM {shift.evidence:.1f} over h {result.threshold:.1f}), so it goes on "
-        f"without the windows before them"
+        f"from {clock(begin - interval)} for {format_duration(end - begin + interval)} its windows had "
+        f"acceptance {shift.alpha:.3f} against the warm-up's median {result.center:.3f}, {past} of their "
+        f"{len(stretch)} {bound} {shift.drop:g}): a shift by the CUSUM ({shift.evidence:.1f} over h "
+        f"{result.threshold:.1f}), so the warm-up goes on without the windows before them"
     )
 
 

@@ -129,9 +129,10 @@ def said(caplog: pytest.LogCaptureFixture, words: str) -> list[logging.LogRecord
 
 SERVERS = ("vllm-a:8000", "vllm-b:8000", "vllm-c:8000", "vllm-d:8000")
 SHIFT = re.compile(
-    r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((\d+) checks?\): its windows from \d{4}-\d\d-\d\d "
-    r"\d\d:\d\d:\d\d UTC for \w+ had acceptance (0\.\d+), below the warm-up's median (0\.\d+) by more "
-    r"than 0\.(12|3) \(CUSUM [\d.]+ over h [\d.]+\), so it goes on without the windows before them"
+    r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((\d+) checks?\): from \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC "
+    r"for \w+ its windows had acceptance (0\.\d+) against the warm-up's median (0\.\d+), (\d+) of their "
+    r"(\d+) under (0\.\d+) \(the median less (0\.12|0\.3)\): a shift by the CUSUM \([\d.]+ over h "
+    r"[\d.]+\), so the warm-up goes on without the windows before them"
 )
 
 
@@ -159,13 +160,18 @@ async def test_traffic_alternating_every_90s_between_healthy_and_collapsed_never
         assert (d["phi"], d["in_control"], d["g"]) == (None, None, 0.0)  # nothing learned
         match = SHIFT.fullmatch(d["not_homogeneous"])
         assert match is not None, d["not_homogeneous"]
-        checks, median = int(match[1]), float(match[3])
+        checks, alpha, median = int(match[1]), float(match[2]), float(match[3])
+        under, windows, level, drop = int(match[4]), int(match[5]), float(match[6]), float(match[7])
         assert checks > 50 and median == pytest.approx(HEALTHY, abs=0.03)
+        # What it says is so: the stretch is below the median, the level is the median less the
+        # drop, and about half its windows (the collapsed ones) are under it.
+        assert alpha < median and level == pytest.approx(median - drop, abs=0.002)
+        assert 0.3 < under / windows < 0.7
         assert _detector_line(d).endswith(
             f"warming up ({d['warmup']}); warm-up not homogeneous {d['not_homogeneous']}"
         )
     # Said once per server, when its first full warm-up was checked, not at every window after.
-    unsettled = said(caplog, "does not calibrate: its warm-up is not homogeneous: its windows from")
+    unsettled = said(caplog, "does not calibrate: its warm-up is not homogeneous: from ")
     assert sorted(r.__dict__["labels"]["instance"] for r in unsettled) == sorted(SERVERS)
     assert all(r.levelname == "WARNING" for r in unsettled)
     assert said(caplog, "calibrates") == []
@@ -222,7 +228,7 @@ async def test_a_collapse_in_the_warm_up_holds_calibration_back_until_it_has_sli
         await run.step({server: wobble(rng, COLLAPSED)})
     assert run.fired == [(series_key(labels_of(server)), at)]
     (unsettled,) = said(caplog, "does not calibrate: its warm-up is not homogeneous")
-    assert "had acceptance 0.0" in unsettled.getMessage()
+    assert "for 5m its windows had acceptance 0.0" in unsettled.getMessage()
     (settled,) = said(caplog, "calibrates: its warm-up holds one level now, after ")
     found = re.search(
         r"after (\d+) checks since .* that found a shift: acceptance ([\d.]+), phi", settled.getMessage()
