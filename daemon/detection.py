@@ -353,7 +353,9 @@ def _warm(
             f"since {clock(state.unsettled.since)} that found a shift: acceptance "
             f"{state.warmup.alpha or 0.0:.3f}, phi {state.phi or 1.0:.3g}"
         )
-    state.homogeneous, state.unsettled, state.held = True, None, Held()
+    # Checked and one level, or (None) not checked: the rule's levels are not below the median.
+    state.homogeneous = True if result is not None else None
+    state.unsettled, state.held = None, Held()
 
 
 def _source(detect: Detect, given: float | None) -> str:

@@ -274,6 +274,28 @@ async def test_a_baselines_level_does_not_spare_the_warm_up_its_check() -> None:
     assert d["warming_up"] is True and d["phi"] is None and d["not_homogeneous"] is not None
 
 
+async def test_levels_not_below_the_warm_ups_median_leave_nothing_to_check_and_the_error_is_as_before() -> (
+    None
+):
+    item = LoadedRule(
+        Rule.model_validate(
+            {"name": "collapse", "signal": "token_acceptance", "interval": "10s",
+             "detect": {"in_control": "learn", "shift_to": 0.9, "warmup": "100s"}}
+        ),
+        "rules.yaml",
+        1,
+    )  # fmt: skip
+    run = Run(item)
+    rng = random.Random(9)
+    for _ in range(11):
+        await run.step({"vllm-a:8000": wobble(rng, 0.7)})
+    key = series_key(labels_of("vllm-a:8000"))
+    assert run.verdicts[key] is Verdict.ERROR
+    assert run.states[key].error is not None and "is not above the ones to detect" in run.states[key].error
+    d = run.detector("vllm-a:8000")
+    assert d["warming_up"] is False and d["homogeneous"] is None  # calibrated, never checked
+
+
 async def test_a_sliding_warm_up_survives_the_store_and_is_not_said_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
