@@ -144,13 +144,11 @@ def report(fr: list[dict[str, Any]], sf: list[dict[str, Any]], took: float) -> s
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     )
+    # What the figures depend on: this file, the traffic it draws, the check and the detector.
     paths = [
-        "benchmarks",
-        "common/homogeneity.py",
-        "common/sequential.py",
-        "daemon/warmup.py",
-        "daemon/detection.py",
-    ]
+        "benchmarks/bench_warmup_homogeneity.py", "benchmarks/bench_collapse_detector.py", "common/homogeneity.py",
+        "common/sequential.py", "daemon/warmup.py", "daemon/detection.py", "daemon/evaluation.py", "rules",
+    ]  # fmt: skip
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--", *paths], capture_output=True, text=True, check=False
     )
