@@ -79,6 +79,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_client.py --write benchmarks/results/bench_client.md
 	$(BIN)/python benchmarks/bench_report.py --write benchmarks/results/report.md
 	$(BIN)/python benchmarks/bench_collapse_detector.py --write benchmarks/results/collapse_detector.md
+	$(BIN)/python benchmarks/bench_warmup_homogeneity.py --write benchmarks/results/warmup_homogeneity.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -4,8 +4,11 @@ Each evaluation takes one window, the rule's interval, of ``token_acceptance`` p
 and its trials N = S + F. Per series:
 
 - a window with fewer than ``min_trials`` trials is *no data*: G neither grows nor resets;
-- during the warm-up (``warmup`` of windows with data) the windows are taken as in control and
-  estimate φ (Pearson's χ²/df) and, with ``in_control: learn``, α0; the series is *warming up*;
+- during the warm-up (``warmup`` of windows with data) the windows estimate φ (Pearson's χ²/df)
+  and, with ``in_control: learn``, α0; the series is *warming up*. They are taken as in control
+  only once they pass a homogeneity check (``daemon.warmup``): a warm-up that holds a shift slides
+  on instead of calibrating. With ``in_control: learn``, a baseline file's ``token_acceptance`` for
+  the series is preferred to the learned α0;
 - after it, Z = [S ln(α1/α0) + F ln((1−α1)/(1−α0))] / φ and G = max(0, G + Z), held at 2h; with
   several levels α1, one G each, and the rule's value is the largest;
 - and each window alone (``single_window``): when its α̂ is at or below the mildest level and
@@ -41,6 +44,7 @@ from common.sequential import EDGE, Dispersion, cusum_step, llr, threshold, wind
 from daemon.baseline import Baseline
 from daemon.engine import Outcome, SeriesState, State, Verdict, series_key
 from daemon.sources.base import Invalid, Series, SourceResult
+from daemon.warmup import Held, Unsettled, clock, examine, shift_reason, slide_past
 from rules.conditions import Condition
 from rules.durations import format_duration
 from rules.schema import DETECT_SIGNAL, Detect
@@ -87,10 +91,21 @@ class DetectorState:
     # The settings the warm-up measured under (``calibration_of``); None in a state stored before
     # they were kept.
     calibration: dict[str, Any] | None = None
+    held: Held = field(default_factory=Held)  # the warm-up's windows, until it calibrates
+    # The last homogeneity check: passed (True), found a shift (False), none yet (None).
+    homogeneous: bool | None = None
+    unsettled: Unsettled | None = None  # the checks that found a shift, while they do
+    in_control: float | None = None  # the α0 judged by: the rule's, the baseline's or alpha0
+    in_control_from: str | None = None  # where it comes from: "rule", "baseline" or "warm-up"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "calibration": self.calibration,
+            "held": self.held.to_json(),
+            "homogeneous": self.homogeneous,
+            "unsettled": self.unsettled.to_json() if self.unsettled is not None else None,
+            "in_control": self.in_control,
+            "in_control_from": self.in_control_from,
             "g": self.g,
             "gs": list(self.gs),
             "alpha0": self.alpha0,
@@ -114,8 +129,15 @@ class DetectorState:
 
         gs = raw.get("gs")
         calibration = raw.get("calibration")
+        homogeneous = raw.get("homogeneous")
+        source = raw.get("in_control_from")
         return cls(
             calibration=dict(calibration) if isinstance(calibration, dict) else None,
+            held=Held.from_json(raw.get("held")),
+            homogeneous=homogeneous if isinstance(homogeneous, bool) else None,
+            unsettled=Unsettled.from_json(raw.get("unsettled")),
+            in_control=number("in_control"),
+            in_control_from=source if isinstance(source, str) else None,
             g=number("g") or 0.0,
             gs=[float(v) for v in gs if isinstance(v, int | float)] if isinstance(gs, list) else [],
             alpha0=number("alpha0"),
@@ -176,6 +198,13 @@ class Judged:
     warming: frozenset[str] = frozenset()  # keys of the series still calibrating
     # Series key -> why its calibration no longer applies and it warms up again.
     recalibrated: dict[str, str] = field(default_factory=dict)
+    # Series key -> what the warm-up's check found, for the series whose check found a shift this
+    # time and not the time before (said once, not at every window the warm-up slides on).
+    unsettled: dict[str, str] = field(default_factory=dict)
+    # Series key -> how its warm-up calibrated after checks that found a shift.
+    settled: dict[str, str] = field(default_factory=dict)
+    # Series key -> why its warm-up so far was let go (a state kept before its windows were).
+    restarted: dict[str, str] = field(default_factory=dict)
 
 
 def judge(
@@ -197,6 +226,7 @@ def judge(
     warming: set[str] = set()
     detectors: dict[str, dict[str, Any]] = {}
     recalibrated: dict[str, str] = {}
+    said: dict[str, dict[str, str]] = {"unsettled": {}, "settled": {}, "restarted": {}}
     calibration = calibration_of(detect, interval)
     for series in answer.series:
         key = series_key(series.labels)
@@ -220,17 +250,16 @@ def judge(
         follows = state.seen is not None and now - state.seen <= 1.5 * interval
         state = replace(state, alpha=series.value, trials=trials, seen=now)
         if _warming(detect, state, needed):
-            state.warmup.add(successes, trials, follows)
-            if not _warming(detect, state, needed):  # the warm-up is complete: the next window is judged
-                state.phi = state.warmup.phi
-                if given is None:
-                    state.alpha0 = state.warmup.alpha
+            _warm(detect, interval, needed, key, state, (successes, trials, follows), now, said)
+            state.in_control = given if given is not None else state.alpha0
+            state.in_control_from = _source(detect, given)
             detectors[key] = state.to_json()
             warming.add(key)
             continue
         alpha0 = given if given is not None else state.alpha0
+        state.in_control, state.in_control_from = alpha0, _source(detect, given)
         if alpha0 is None:  # learned, yet unknown: a state from before the warm-up was counted
-            state = replace(state, warmup=Dispersion())
+            state = replace(state, warmup=Dispersion(), held=Held())
             detectors[key] = state.to_json()
             warming.add(key)
             continue
@@ -265,7 +294,75 @@ def judge(
     for key in recalibrated:
         if key not in detectors:  # no window with data: the fresh state is kept all the same
             detectors[key] = DetectorState(calibration=calibration).to_json()
-    return Judged(result, detectors, frozenset(warming), recalibrated)
+    return Judged(
+        result,
+        detectors,
+        frozenset(warming),
+        recalibrated,
+        unsettled=said["unsettled"],
+        settled=said["settled"],
+        restarted=said["restarted"],
+    )
+
+
+def _warm(
+    detect: Detect,
+    interval: float,
+    needed: int,
+    key: str,
+    state: DetectorState,
+    window: tuple[float, float, bool],
+    now: float,
+    said: dict[str, dict[str, str]],
+) -> None:
+    """One more window into the warm-up; once it holds ``needed`` windows, the check: one level
+    calibrates (φ, and α0 when learned), a shift slides the warm-up on, said once in ``said``."""
+    if state.warmup.windows != len(state.held):
+        # Kept before the warm-up held its windows: sums alone cannot be checked for a shift.
+        if state.warmup.windows:
+            said["restarted"][key] = (
+                f"the {state.warmup.windows} windows of its warm-up so far were kept as sums only, "
+                "which cannot be checked for a shift"
+            )
+        state.warmup, state.held = Dispersion(), Held()
+    successes, trials, follows = window
+    state.warmup.add(successes, trials, follows)
+    state.held.add(now, successes, trials)
+    if _warming(detect, state, needed):
+        return
+    windows = state.held.series(interval)
+    result = examine(detect, windows)
+    if result is not None and result.shift is not None:
+        reason = shift_reason(result, state.held, windows, interval)
+        if state.unsettled is None:
+            state.unsettled = Unsettled(now, 0, reason)
+            said["unsettled"][key] = reason
+        state.unsettled.checks += 1
+        state.unsettled.reason = reason
+        state.homogeneous = False
+        state.warmup = slide_past(state.held, windows, result.shift)
+        return
+    # One level: the warm-up is complete, and the next window is judged.
+    state.phi = state.warmup.phi
+    if detect.in_control == "learn":
+        state.alpha0 = state.warmup.alpha  # kept even when the baseline gives α0: shown beside it
+    if state.unsettled is not None:
+        checks = state.unsettled.checks
+        said["settled"][key] = (
+            f"its warm-up holds one level now, after {checks} check{'s' if checks != 1 else ''} "
+            f"since {clock(state.unsettled.since)} that found a shift: acceptance "
+            f"{state.warmup.alpha or 0.0:.3f}, phi {state.phi or 1.0:.3g}"
+        )
+    # Checked and one level, or (None) not checked: the rule's levels are not below the median.
+    state.homogeneous = True if result is not None else None
+    state.unsettled, state.held = None, Held()
+
+
+def _source(detect: Detect, given: float | None) -> str:
+    """Where α0 comes from: the rule's number, the baseline file, or the warm-up."""
+    if isinstance(detect.in_control, float | int):
+        return "rule"
+    return "baseline" if given is not None else "warm-up"
 
 
 def _warming(detect: Detect, state: DetectorState, needed: int) -> bool:
@@ -278,11 +375,15 @@ def _given_in_control(
     detect: Detect, labels: Mapping[str, str], baseline: Baseline | None
 ) -> float | str | None:
     """α0 when it is given (a number, or the baseline file's), why it cannot be had, or None when
-    it is learned over the warm-up."""
+    it is learned over the warm-up. ``learn`` prefers the baseline file's token_acceptance for the
+    series when there is one: a measured level, which no warm-up can take a collapse for."""
     if isinstance(detect.in_control, float | int):
         return float(detect.in_control)
     if detect.in_control == "learn":
-        return None
+        if baseline is None:
+            return None
+        measured = baseline.value(labels, DETECT_SIGNAL)
+        return measured if isinstance(measured, float) and 0 < measured < 1 else None
     if baseline is None:
         return "in_control: baseline needs a baseline file (`baseline:` in the config)"
     value = baseline.value(labels, DETECT_SIGNAL)
@@ -327,7 +428,7 @@ def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any]
         return None
     d = DetectorState.from_json(state.detector)
     needed = warmup_windows(detect, interval)
-    alpha0: float | None = d.alpha0
+    alpha0: float | None = d.in_control if d.in_control is not None else d.alpha0
     if isinstance(detect.in_control, float | int):
         alpha0 = float(detect.in_control)
     levels = (
@@ -353,4 +454,10 @@ def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any]
             else f"{min(d.warmup.windows, needed)}/{needed} windows"
         ),
         "warming_up": _warming(detect, d, needed),
+        # Where in_control comes from ("rule", "baseline", "warm-up"), and what the warm-up learned.
+        "in_control_from": "rule" if isinstance(detect.in_control, float | int) else d.in_control_from,
+        "warmup_alpha": d.alpha0 if detect.in_control == "learn" else None,
+        # The warm-up's homogeneity check: passed, found a shift (and what), or not made yet (None).
+        "homogeneous": d.homogeneous,
+        "not_homogeneous": d.unsettled.status() if d.unsettled is not None else None,
     }

@@ -194,6 +194,26 @@ def evaluate_alert_rule(
     return evaluate(spec_of(item, interval), result, thresholds(item, None), before, now, trigger)
 
 
+def _say_warmups(rule: str, judged: detection.Judged) -> None:
+    """What the warm-ups' checks found, once each: the first check of a run that finds a shift, the
+    calibration that ends such a run, a warm-up let go on an upgrade."""
+    for key, why in judged.restarted.items():
+        log.warning(
+            "%s: series %s starts its warm-up again: %s",
+            rule, key, why, extra={"rule": rule, "labels": json.loads(key)},
+        )  # fmt: skip
+    for key, why in judged.unsettled.items():
+        log.warning(
+            "%s: series %s does not calibrate: its warm-up is not homogeneous: %s",
+            rule, key, why, extra={"rule": rule, "labels": json.loads(key)},
+        )  # fmt: skip
+    for key, how in judged.settled.items():
+        log.info(
+            "%s: series %s calibrates: %s",
+            rule, key, how, extra={"rule": rule, "labels": json.loads(key)},
+        )  # fmt: skip
+
+
 async def evaluate_rule(
     item: LoadedRule,
     source: Source,
@@ -229,6 +249,7 @@ async def evaluate_rule(
                 why,
                 extra={"rule": item.name, "labels": json.loads(key)},
             )
+        _say_warmups(item.name, judged)
         h = detection.h_of(detect, every)
         outcome = evaluate(spec_of(item, interval), judged.result, h, previous, now, trigger)
         return detection.settle(outcome, judged, previous, now), answer

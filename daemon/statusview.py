@@ -183,7 +183,8 @@ def detector_line(d: Mapping[str, Any]) -> str:
     trials, its own evidence 0 (phi 3.1)``."""
     parts = [f"CUSUM G {number(d['g'])} of h {number(d['h'])}", f"phi {number(d['phi'])}"]
     levels = " / ".join(number(level) for level in d["shift_to"]) or "-"
-    parts.append(f"acceptance {number(d['in_control'])} -> {levels}")
+    source = " (the baseline's)" if d.get("in_control_from") == "baseline" else ""
+    parts.append(f"acceptance {number(d['in_control'])}{source} -> {levels}")
     if d.get("window_alpha") is not None:
         window = f"last window {number(d['window_alpha'])} over {d['window_trials']:,.0f} trials"
         if d.get("window_evidence") is not None:
@@ -191,6 +192,8 @@ def detector_line(d: Mapping[str, Any]) -> str:
         parts.append(window)
     if d.get("warming_up"):
         parts.append(f"warming up ({d['warmup']})")
+    if d.get("not_homogeneous"):
+        parts.append(f"warm-up not homogeneous {d['not_homogeneous']}")
     return "; ".join(parts)
 
 

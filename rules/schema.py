@@ -160,13 +160,14 @@ class Detect(BaseModel):
 
     method: Literal["cusum"] = "cusum"
     # α0: a number, the baseline file's token_acceptance for the series' model, or learned over
-    # the warm-up.
+    # the warm-up (``learn``, which takes the baseline file's token_acceptance when there is one).
     in_control: float | Literal["learn", "baseline"] = "learn"
     shift_to: float | list[float] | None = None  # α1, the level(s) to detect
     drop: float | list[float] | None = None  # or α1 = α0 - drop
     false_alarm_every: Duration = Field(30 * 86400.0, gt=0)
-    # Windows of traffic, taken as in control, that estimate the overdispersion φ (and α0 when
-    # learned) before the detector judges; kept in the store across restarts.
+    # Windows of traffic that estimate the overdispersion φ (and α0 when learned) before the
+    # detector judges, once they pass a check that they hold one level (``daemon.warmup``); kept in
+    # the store across restarts.
     warmup: Duration = Field(3600.0, gt=0)
     min_trials: int = Field(100, ge=1)  # a window with fewer trials (S + F) is no data
     phi: float | None = Field(None, ge=1)  # fixed overdispersion instead of the warm-up's estimate

@@ -17,6 +17,7 @@ from typing import Any
 
 from daemon import __version__
 from daemon.cli import backup as cli_backup
+from daemon.cli import detectors as cli_detectors
 from daemon.cli import ladder as cli_ladder
 from daemon.cli import reading as cli_reading
 from daemon.cli import report as cli_report
@@ -310,6 +311,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"OK: {len(loaded.rules)} rules in {files} file(s), {len(loaded.actions)} action(s)")
     if loaded.baseline is not None:
         _print_baseline_use(loaded)
+    cli_detectors.print_detectors(loaded)
     return 0
 
 

@@ -203,6 +203,8 @@ async def test_eval_steps_a_stored_detector_on_by_one_window_without_writing_its
         "phi": 2.5, "in_control": 0.85, "shift_to": [pytest.approx(0.65)],
         "window_alpha": pytest.approx(30 / 39), "window_trials": 39.0, "warmup": "12/12 windows",
         "warming_up": False, "window_evidence": pytest.approx(evidence), "window_phi": 1.0,
+        # Learned (no baseline), and calibrated before warm-ups were checked for a shift: never checked.
+        "in_control_from": "warm-up", "warmup_alpha": 0.85, "homogeneous": None, "not_homogeneous": None,
     }  # fmt: skip
     assert fingerprint(tmp_path / "state") == before  # read, never written
 
