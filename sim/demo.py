@@ -327,18 +327,21 @@ def _write_config(directory: Path, spec_url: str, slack: SlackApi, quiet: float,
 async def _measure_baseline(
     daemon: Daemon, directory: Path, window: float, draft_cost: float
 ) -> float | None:
-    result = await daemon.source.query_signal(get_signal("e2e_latency_p95"), window, ())
-    if not result.series:
-        return None
-    value = result.series[0].value
+    signals: dict[str, float] = {}
+    for name in ("e2e_latency_p95", "e2e_latency_mean"):  # what latency_regression and _mean_ read
+        result = await daemon.source.query_signal(get_signal(name), window, ())
+        if not result.series or result.series[0].value is None:
+            return None
+        signals[name] = result.series[0].value
+    value = signals["e2e_latency_p95"]
     baseline = {
         "version": 2,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "method": f"specguard demo: e2e p95 over {window:g}s of healthy simulated traffic",
+        "method": f"specguard demo: e2e p95 and mean over {window:g}s of healthy simulated traffic",
         "entries": [
             {
                 "model": MODEL,
-                "signals": {"e2e_latency_p95": value},
+                "signals": signals,
                 "signals_from": "vllm_metrics",  # the daemon's own reading of vLLM's histogram
                 # The simulated draft's cost per step, as the simulator was told (--draft-cost).
                 "speculative": {"method": "draft_model", "draft_cost": draft_cost},

@@ -53,6 +53,9 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     assert "\033[" not in out, "--no-color output carries escape codes"
     assert "Traceback" not in out + done.stderr
     lines = out.splitlines()
+    # the baseline it measured gives every latency rule of the pack its figure
+    (entry,) = json.loads((tmp_path / "baseline.json").read_text())["entries"]
+    assert set(entry["signals"]) == {"e2e_latency_p95", "e2e_latency_mean"}, entry
 
     # Each milestone once, and in the order the loop goes (the output is written as things happen).
     at: dict[str, int] = {}

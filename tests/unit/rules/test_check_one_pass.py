@@ -297,9 +297,9 @@ def test_unused_actions_are_not_guessed_when_some_rules_are_not_read(
 
 BASELINE_V2 = """\
 {"version": 2, "measured_at": "2026-01-01T00:00:00Z", "entries": [
-  {"model": "llama", "signals": {"e2e_latency_p95": 1.5}, "speculative": {"method": "eagle3"}},
-  {"model": "qwen", "signals": {"e2e_latency_p95": 1.2}},
-  {"model": "mistral", "signals": {"e2e_latency_p95": 1.2}, "speculative": {"method": "draft_model"}}
+  {"model": "llama", "signals": {"e2e_latency_p95": 1.5, "e2e_latency_mean": 1.1}, "speculative": {"method": "eagle3"}},
+  {"model": "qwen", "signals": {"e2e_latency_p95": 1.2, "e2e_latency_mean": 0.9}},
+  {"model": "mistral", "signals": {"e2e_latency_p95": 1.2, "e2e_latency_mean": 0.9}, "speculative": {"method": "draft_model"}}
 ]}
 """
 
@@ -333,7 +333,7 @@ def test_a_baseline_that_gives_every_draft_cost_or_a_disabled_speedup_rule_has_n
     write(
         "baseline.json",
         BASELINE_V2.replace(
-            '"e2e_latency_p95": 1.2}}', '"e2e_latency_p95": 1.2}, "speculative": {"draft_cost": 0.1}}'
+            '"e2e_latency_mean": 0.9}}', '"e2e_latency_mean": 0.9}, "speculative": {"draft_cost": 0.1}}'
         ).replace('"draft_model"}', '"draft_model", "draft_cost": 0.2}'),
     )
     code, _, err = check(capsys)

@@ -20,12 +20,12 @@ from benchmarks.bench_collapse_detector import Traffic
 from common.sequential import Dispersion
 from daemon.baseline import parse_baseline
 from daemon.cli import main
-from daemon.cli.commands import _detector_line
 from daemon.engine import SeriesState, State, Verdict, series_key
 from daemon.evaluation import evaluate_rule
 from daemon.loading import LoadedRule, load
 from daemon.sources.base import Series, SourceResult
 from daemon.status import rule_rows
+from daemon.statusview import detector_line as _detector_line
 from daemon.store import Store
 from rules.schema import Rule
 from rules.signals import Signal
