@@ -185,7 +185,7 @@ def test_version_is_the_one_pyproject_declares(installed: Installed) -> None:
 def test_check_and_signals_work_on_the_shipped_pack(installed: Installed) -> None:
     done = installed.run("check")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("OK: 7 rules in 1 file(s)")  # the shipped pack, from package data
+    assert done.stdout.startswith("OK: 8 rules in 1 file(s)")  # the shipped pack, from package data
     done = installed.run("signals")
     assert done.returncode == 0, done.stderr
     assert "acceptance_rate" in done.stdout and "vllm:spec_decode_num_accepted_tokens_total" in done.stdout
@@ -202,7 +202,7 @@ async def test_eval_reads_a_server_with_the_shipped_pack(installed: Installed, v
     rows = json.loads(out)
     assert {row["rule"] for row in rows} == {
         "acceptance_low", "acceptance_critical", "acceptance_fallback", "acceptance_collapse",
-        "latency_regression", "memory_pressure", "speculation_unprofitable",
+        "latency_regression", "memory_pressure", "speculation_unprofitable", "latency_mean_regression",
     }  # fmt: skip
     (fallback,) = [row for row in rows if row["rule"] == "acceptance_fallback"]
     assert fallback["labels"]["model_name"] == "tiny-llama"  # read from the replayed server

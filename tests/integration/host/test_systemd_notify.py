@@ -2,7 +2,7 @@
 a real AF_UNIX datagram socket in $NOTIFY_SOCKET, WATCHDOG_USEC set, the daemon in its own process.
 
 READY=1 must mean serving and judging. The source here is a Prometheus that takes half a second per
-query, so the first round of the shipped pack's seven rules takes seconds: a READY=1 sent before it
+query, so the first round of the shipped pack's eight rules takes seconds: a READY=1 sent before it
 (or before the HTTP server listens) is caught by the look the socket's reader takes at /api/status
 the moment READY=1 arrives.
 
@@ -89,9 +89,9 @@ async def test_ready_status_watchdog_reload_and_stop_follow_the_protocol(
         # Serving (the HTTP server answered at once) and judging (every rule has a verdict).
         assert isinstance(ready.seen, dict), ready.seen
         rules = ready.seen["rules"]
-        assert len({r["rule"] for r in rules}) == 7
+        assert len({r["rule"] for r in rules}) == 8
         assert all(r["verdict"] is not None for r in rules), [(r["rule"], r["verdict"]) for r in rules]
-        assert ready.fields["STATUS"].startswith("7 rules; ")
+        assert ready.fields["STATUS"].startswith("8 rules; ")
         assert "\n" not in ready.fields["STATUS"]
 
         # Watchdog: from before READY on, at half of WATCHDOG_USEC (the median of a dozen gaps, so
@@ -110,7 +110,7 @@ async def test_ready_status_watchdog_reload_and_stop_follow_the_protocol(
         assert int(reloading.fields["MONOTONIC_USEC"]) > 0
         again = await asyncio.to_thread(sock.wait_for, "READY=1", 30, sock.messages.index(reloading) + 1)
         assert again.monotonic > reloading.monotonic
-        assert again.fields["STATUS"].startswith("7 rules; ")
+        assert again.fields["STATUS"].startswith("8 rules; ")
 
         # SIGTERM: STOPPING=1, then a clean exit.
         mark = len(sock.messages)
@@ -213,7 +213,7 @@ async def test_a_reload_asked_for_during_the_start_up_waits_for_ready(
         reloading = await asyncio.to_thread(sock.wait_for, "RELOADING=1", 30, sock.messages.index(ready) + 1)
         await asyncio.to_thread(sock.wait_for, "READY=1", 30, sock.messages.index(reloading) + 1)
         status = await daemon.wait_for(lambda s: s["dry_run"] is True, timeout=30)
-        assert len({r["rule"] for r in status["rules"]}) == 7
+        assert len({r["rule"] for r in status["rules"]}) == 8
         assert await asyncio.to_thread(daemon.stop, signal.SIGTERM) == 0
         await asyncio.to_thread(_settled, sock)
     said = [sorted(m.fields) for m in sock.messages if {"READY", "RELOADING", "STOPPING"} & set(m.fields)]
