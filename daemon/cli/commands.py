@@ -459,7 +459,7 @@ async def _evaluate_once(
 
     source = make_source(loaded)
     rows: list[dict[str, Any]] = []
-    stored = _stored_states(loaded) if any(i.rule.detect for i in loaded.enabled_rules()) else {}
+    stored = cli_detectors.stored_states(loaded) if any(i.rule.detect for i in loaded.enabled_rules()) else {}
     try:
         sampled = await cli_reading.sample(source, sampling)
         now = time.time()
@@ -514,22 +514,6 @@ async def _evaluate_once(
     for row in rows:
         row["note"] = cli_reading.note(row, row["window"], sampled, scraped)
     return rows, sampled
-
-
-def _stored_states(loaded: Any) -> dict[str, Any]:
-    """The daemon's rule states from its state database, read-only; none when there is none."""
-    import contextlib
-    import sqlite3
-
-    from daemon.runtime import STORE_FILE
-    from daemon.store import load_states_read_only
-
-    path = loaded.config.resolved_state_dir() / STORE_FILE
-    if not path.is_file():
-        return {}
-    with contextlib.suppress(sqlite3.Error):
-        return load_states_read_only(path)
-    return {}
 
 
 def _number(value: float | None) -> str:

@@ -22,7 +22,7 @@ def print_detectors(loaded: Any) -> None:
     items = [item for item in loaded.enabled_rules() if item.rule.detect is not None]
     if not items:
         return
-    states = _stored_states(loaded)
+    states = stored_states(loaded)
     lines: list[str] = []
     for item in items:
         detect: Detect = item.rule.detect
@@ -74,8 +74,9 @@ def _labels(labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
 
 
-def _stored_states(loaded: Any) -> dict[str, Any]:
-    """The rule states of the config's state database, read-only; none when there is none."""
+def stored_states(loaded: Any) -> dict[str, Any]:
+    """The rule states of the config's state database, read-only (as `eval` and `check` read
+    them); none when there is none."""
     from daemon.runtime import STORE_FILE
     from daemon.store import load_states_read_only
 
