@@ -395,7 +395,8 @@ async def test_ctrl_c_reports_what_was_measured_and_writes_no_baseline(
 ) -> None:
     # Ten minutes of load: the run cannot end on its own before the interrupt, however fast the machine.
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", "bench", "--url", spec.url, "--classes", "chat", "--max-tokens", "40", "--duration", "10m",
+        sys.executable, "-X", "faulthandler", "-m", "daemon", "bench", "--url", spec.url, "--classes", "chat",
+        "--max-tokens", "40", "--duration", "10m",
         "--concurrency", "2", "--warmup", "0", "--write-baseline", str(tmp_path / "baseline.json"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -407,7 +408,15 @@ async def test_ctrl_c_reports_what_was_measured_and_writes_no_baseline(
                     break
             await asyncio.sleep(0.1)
     process.send_signal(signal.SIGINT)
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    except TimeoutError:  # the interrupt was not taken: show where every thread of bench stood
+        process.send_signal(signal.SIGABRT)  # faulthandler writes each thread's stack to stderr
+        await asyncio.wait_for(process.wait(), 30)
+        stacks = (await process.stderr.read()).decode() if process.stderr else ""
+        raise AssertionError(
+            f"bench did not exit within 60 s of its SIGINT; its stacks:\n{stacks[-8000:]}"
+        ) from None
     assert process.returncode == 130, err
     row = re.search(r"^chat +(\d+)/(\d+) ", out.decode(), re.M)
     assert row and int(row[1]) >= 4 and row[1] == row[2], out.decode()  # the answered ones, all measured
