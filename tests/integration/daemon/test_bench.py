@@ -394,10 +394,17 @@ async def test_ctrl_c_reports_what_was_measured_and_writes_no_baseline(
     spec: Simulator, tmp_path: Path
 ) -> None:
     # Ten minutes of load: the run cannot end on its own before the interrupt, however fast the machine.
+    argv = ["specguard", "bench", "--url", spec.url, "--classes", "chat", "--max-tokens", "40", "--duration", "10m",
+            "--concurrency", "2", "--warmup", "0", "--write-baseline", str(tmp_path / "baseline.json")]  # fmt: skip
+    # Ctrl-C at a terminal: SIGINT at its default. A test run started in the background of a shell
+    # without job control (`make test &` in a script) passes SIGINT on ignored, and Python then
+    # leaves it ignored: bench would never see this interrupt.
+    at_a_terminal = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = {argv!r}; runpy.run_module('daemon', run_name='__main__')"
+    )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-X", "faulthandler", "-m", "daemon", "bench", "--url", spec.url, "--classes", "chat",
-        "--max-tokens", "40", "--duration", "10m",
-        "--concurrency", "2", "--warmup", "0", "--write-baseline", str(tmp_path / "baseline.json"),
+        sys.executable, "-X", "faulthandler", "-c", at_a_terminal,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     truth_url = spec.url + "/sim/ground-truth"
