@@ -47,6 +47,7 @@ from report import weekly
 from report.model import Report
 from rules.durations import format_duration, parse_duration
 from rules.signals import get_signal
+from sim.calibration import wait_calibrated
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import Simulator, start_simulator
 from sim.slack_api import TOKEN, SlackApi, running
@@ -79,6 +80,7 @@ class Timeline:
     calm_after: float = 5.0  # the temperature returns to normal this long after traffic moved away
     quiet_period: float = 8.0  # the fallback's: resolved this long before the canary and restore
     linger: float = 4.0  # after the loop has closed, to show traffic back on speculation
+    calibration_wait: float = 30.0  # the drop waits this long at most for the detector's calibration
     deadline: float = 110.0  # stop here even if the loop has not closed
     pulse_every: float = 5.0
 
@@ -459,6 +461,17 @@ async def _script(
     await _baseline_step(run, daemon, config_path, spec, slack)
     if await _sleep_until(run, timeline.degrade_at):
         return True, False
+    calibration = await wait_calibrated(
+        daemon, DETECTOR_RULE, instance_label(spec.url), timeline.calibration_wait, run.stop
+    )
+    if run.stop.is_set():
+        return True, False
+    if calibration.calibrated:
+        waited = f" (the drop waited {calibration.waited:.0f}s for it)" if calibration.waited >= 1 else ""
+        t.line(f"{DETECTOR_RULE} {calibration.text}{waited}", "dim")
+    else:
+        t.line(f"{DETECTOR_RULE} has not calibrated after {calibration.waited:.0f}s more ({calibration.text}): "
+               "the drop goes ahead, and it may not see it", "red")  # fmt: skip
     traffic.temperature = HOT_TEMPERATURE
     run.mark("acceptance drops")
     t.line(
