@@ -183,6 +183,11 @@ class Action(ABC):
         and whenever the action's memory changed, whoever changed it (a run, a step by hand)."""
         return Holding()
 
+    async def state(self, memory: ActionMemory) -> dict[str, Any]:
+        """What ``/api/status`` shows of the action beside the rules (a notifier's backlog and its
+        last error, say), as JSON values; empty: nothing to show. Only reads."""
+        return {}
+
     async def observe(self, outcome: RunOutcome, memory: ActionMemory) -> None:
         """Another action's run ended (a restore after its quiet period, say): for ``observes``."""
         return None
