@@ -164,6 +164,8 @@ class SourcesConfig(_Strict):
 
 DEFAULT_WEBHOOK_PATH = "/alertmanager"
 DEFAULT_WEBHOOK_MAX_BODY = 2**20
+DEFAULT_MAX_SILENCE = 30 * 86400.0
+MIN_MAX_SILENCE, MAX_MAX_SILENCE = 60.0, 365 * 86400.0
 CREDENTIAL_NAME = "webhook-token"  # the systemd credential the webhook token may come from
 _RESERVED_PATHS = ("/healthz", "/metrics", "/api/", "/silences/")
 
@@ -180,6 +182,15 @@ class ServerConfig(_Strict):
     webhook_token: SecretRef | None = None
     webhook_token_file: Path | None = None  # the same as webhook_token: {file: PATH}
     webhook_max_body_size: ByteSize = DEFAULT_WEBHOOK_MAX_BODY
+    # The longest silence /api/silences adds: a longer one is refused (400) rather than forgotten.
+    max_silence: Duration = DEFAULT_MAX_SILENCE
+
+    @field_validator("max_silence")
+    @classmethod
+    def _max_silence(cls, value: float) -> float:
+        if not MIN_MAX_SILENCE <= value <= MAX_MAX_SILENCE:
+            raise ValueError("the longest silence is from 1m to 365d (default 30d)")
+        return value
 
     @model_validator(mode="after")
     def _one_token(self) -> ServerConfig:

@@ -6,7 +6,8 @@ rather than queued behind it.
 ``GET /api/ladder``: each ladder (its k, rungs, file, the change under way, its log).
 ``POST /api/ladder/{action}`` with ``{"to": "up" | "down" | K, "who": NAME}``: answers when the
 change is over, 200 with ``{"ok", "detail"}``; 404 for an unknown action, 400 for a bad ``to``,
-409 while a change is under way. Writes need the daemon's token when it has one.
+409 while a change is under way; 415 unless sent as application/json. Writes need the daemon's
+token when it has one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from daemon.dispatch.memory import StoreMemory
 from daemon.store import Store
 
 log = logging.getLogger("specguard.ladder")
+MAX_WHO = 200
 
 
 def ladders(actions: Mapping[str, Action]) -> dict[str, VllmRestartAction]:
@@ -63,6 +65,10 @@ def api_routes(
             return web.json_response(
                 {"error": 'to: "up", "down" or a rung (a number); who: a name'}, status=400
             )
+        try:
+            api.plain("who", who, MAX_WHO)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
         if action.busy:
             return web.json_response(
                 {"error": f"{name}: a change is under way; try again when it is over"}, status=409

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import math
 import re
 import sqlite3
 import time
@@ -23,15 +24,20 @@ from typing import Any
 
 from aiohttp import web
 
+from daemon.config import DEFAULT_MAX_SILENCE
 from daemon.dispatch import api
+from daemon.dispatch.api import plain
 from daemon.store import transaction
-from rules.durations import parse_duration
-from rules.matchers import all_match, parse_matchers
+from rules.durations import format_duration, parse_duration
+from rules.matchers import OPS, all_match, parse_matchers
 
 log = logging.getLogger("specguard.silences")
 
 _MATCH = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*)$")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_REASON = 500
+MAX_NAME = 200  # a rule glob, an author, a matcher's value
+MAX_ID = 2**63 - 1  # SQLite's largest integer: no silence has a larger id
 
 
 @dataclass(frozen=True)
@@ -69,17 +75,77 @@ def parse_match(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def check(rule: str, match: Mapping[str, Any], starts: float, ends: float, reason: str) -> None:
-    """Raises ValueError with what is wrong with a silence about to be added."""
+def check(
+    rule: str,
+    match: Mapping[str, Any],
+    starts: float,
+    ends: float,
+    reason: str,
+    longest: float = DEFAULT_MAX_SILENCE,
+) -> None:
+    """Raises ValueError with what is wrong with a silence about to be added, naming the field.
+    ``longest``: the longest silence allowed (``server.max_silence``)."""
     if not rule.strip():
         raise ValueError("rule: name the rule (a glob such as acceptance_* is fine)")
-    parse_matchers(dict(match))
+    plain("rule", rule, MAX_NAME)
+    check_match(match)
+    if not (math.isfinite(starts) and math.isfinite(ends)):
+        raise ValueError("for: give a finite duration, e.g. 2h")
     if not ends > starts:
         raise ValueError("the silence must end after it starts (give a positive duration)")
+    if ends - starts > longest:
+        raise ValueError(
+            f"for: {_shown(ends - starts)} is longer than the longest silence, "
+            f"{_shown(longest)} (server.max_silence)"
+        )
     if not reason.strip():
         raise ValueError("reason: say why, for whoever is on call next")
-    if len(reason) > MAX_REASON:
-        raise ValueError(f"reason: at most {MAX_REASON} characters")
+    plain("reason", reason, MAX_REASON)
+
+
+def _shown(seconds: float) -> str:
+    """``30d`` rather than ``4w2d``: days are what a silence is thought of in."""
+    days, rest = divmod(seconds, 86400.0)
+    return f"{days:.0f}d" if days and not rest else format_duration(seconds)
+
+
+def check_match(match: Any) -> None:
+    """Raises ValueError naming the matcher when ``match`` is not label names mapped to a string or
+    to ``{op: string}``: a silence's matchers are compared with label values, which are strings."""
+    if not isinstance(match, Mapping):
+        raise ValueError('match: a mapping as in a rule, or a list such as ["instance=a:8000"]')
+    for label, spec in match.items():
+        if not isinstance(label, str) or not _LABEL.fullmatch(label):
+            shown = label if isinstance(label, str) else repr(label)
+            plain("match", shown, MAX_NAME)
+            raise ValueError(
+                f"match: {shown!r} is not a label name (letters, digits and _, not first a digit)"
+            )
+        field = f"match.{label}"
+        if isinstance(spec, Mapping):
+            if len(spec) != 1:
+                raise ValueError(f'{field}: give one operator and value, e.g. {{"=~": "0|1"}}')
+            ((op, spec),) = spec.items()
+            if op not in OPS:
+                raise ValueError(f"{field}: unknown operator {op!r}; use one of {', '.join(OPS)}")
+            field = f"{field}.{op}"
+        if not isinstance(spec, str):
+            raise ValueError(f"{field}: a label value is a string, got {json.dumps(spec)[:40]}")
+        plain(field, spec, MAX_NAME)
+    parse_matchers(dict(match))  # a bad regex says so here
+
+
+def parse_id(text: str) -> int | None:
+    """A silence's id as written in a URL, or None when it cannot be one (not a whole number, or
+    out of range)."""
+    if not re.fullmatch(r"[0-9]{1,19}", text):
+        return None
+    number = int(text)
+    return number if _storable(number) else None
+
+
+def _storable(silence_id: int) -> bool:
+    return 0 < silence_id <= MAX_ID
 
 
 def add(
@@ -91,8 +157,9 @@ def add(
     reason: str,
     author: str,
     now: float,
+    longest: float = DEFAULT_MAX_SILENCE,
 ) -> Silence:
-    check(rule, match, starts, ends, reason)
+    check(rule, match, starts, ends, reason, longest=longest)
     with transaction(db):
         cursor = db.execute(
             "INSERT INTO silences (rule, match, starts, ends, reason, author, created) VALUES (?,?,?,?,?,?,?)",
@@ -114,19 +181,29 @@ def listed(db: sqlite3.Connection, now: float, everything: bool = False) -> list
 
 def get(db: sqlite3.Connection, silence_id: int) -> Silence | None:
     """The silence ``silence_id``, whatever its state; None when there is none."""
+    if not _storable(silence_id):
+        return None
     row = db.execute("SELECT * FROM silences WHERE id = ?", (silence_id,)).fetchone()
     return None if row is None else _silence(row)
 
 
 def expire(db: sqlite3.Connection, silence_id: int, now: float) -> Silence | None:
     """End a silence now; None when there is no such silence. Ending an ended one changes nothing."""
+    return end(db, silence_id, now)[0]
+
+
+def end(db: sqlite3.Connection, silence_id: int, now: float) -> tuple[Silence | None, bool]:
+    """End a silence now: (the silence, None when there is none; whether this call ended it). One
+    conditional UPDATE, so of several at once (the API, the CLI, the page) exactly one ends it."""
+    if not _storable(silence_id):
+        return None, False
     with transaction(db):
+        cursor = db.execute(
+            "UPDATE silences SET expired = ? WHERE id = ? AND expired IS NULL AND ends > ?",
+            (now, silence_id, now),
+        )
         row = db.execute("SELECT * FROM silences WHERE id = ?", (silence_id,)).fetchone()
-        if row is None:
-            return None
-        if row["expired"] is None and row["ends"] > now:
-            db.execute("UPDATE silences SET expired = ? WHERE id = ?", (now, silence_id))
-    return _silence(db.execute("SELECT * FROM silences WHERE id = ?", (silence_id,)).fetchone())
+    return (None if row is None else _silence(row)), cursor.rowcount == 1
 
 
 def silencing(db: sqlite3.Connection, rule: str, labels: Mapping[str, str], at: float) -> Silence | None:
@@ -161,11 +238,14 @@ SILENCE_FIELDS = {"rule", "match", "for", "reason", "author"}
 
 
 def api_routes(
-    call: Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]], token: Callable[[], str | None]
+    call: Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]],
+    token: Callable[[], str | None],
+    longest: Callable[[], float] = lambda: DEFAULT_MAX_SILENCE,
 ) -> list[web.RouteDef]:
     """``GET /api/silences[?all=1]``, ``POST /api/silences``, ``DELETE /api/silences/{id}``.
     ``call`` runs a function on the store's writer thread; ``token`` gives the bearer token that
-    writes need (None: none, the daemon listens on loopback only)."""
+    writes need (None: none, the daemon listens on loopback only); ``longest`` the longest
+    silence (``server.max_silence``)."""
 
     def refused(request: web.Request) -> web.Response | None:
         return api.refused(request, token())
@@ -179,8 +259,6 @@ def api_routes(
         denied = refused(request)
         if denied is not None:
             return denied
-        if request.content_type != "application/json":
-            return web.json_response({"error": "send the silence as application/json"}, status=415)
         try:
             body = await request.json()
         except ValueError:
@@ -193,7 +271,7 @@ def api_routes(
         try:
             made = await call(
                 partial(add, rule=rule, match=match, starts=now, ends=now + duration,
-                        reason=reason, author=author, now=now)
+                        reason=reason, author=author, now=now, longest=longest())
             )  # fmt: skip
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -204,13 +282,19 @@ def api_routes(
         denied = refused(request)
         if denied is not None:
             return denied
-        try:
-            silence_id = int(request.match_info["id"])
-        except ValueError:
-            return web.json_response({"error": "a silence id is a number"}, status=400)
-        ended = await call(partial(expire, silence_id=silence_id, now=time.time()))
+        text = request.match_info["id"]
+        silence_id = parse_id(text)
+        if silence_id is None:
+            return web.json_response(
+                {"error": f"no silence {text[:40]!r}: an id is a whole number from 1 to {MAX_ID}"}, status=404
+            )
+        ended, now_ended = await call(partial(end, silence_id=silence_id, now=time.time()))
         if ended is None:
             return web.json_response({"error": f"no silence {silence_id}"}, status=404)
+        if not now_ended:
+            return web.json_response(
+                {"error": f"silence {silence_id} had already ended", "silence": asdict(ended)}, status=404
+            )
         log.warning("silence %d expired over the API", silence_id)
         return web.json_response({"silence": asdict(ended)})
 
@@ -226,19 +310,24 @@ def _fields(body: Any) -> tuple[str, dict[str, Any], float, str, str]:
         raise ValueError("the body is a JSON object: {rule, match, for, reason, author}")
     unknown = sorted(set(body) - SILENCE_FIELDS)
     if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(SILENCE_FIELDS))}")
+        shown = ", ".join(name[:40] for name in unknown)
+        raise ValueError(f"unknown field(s) {shown}; known: {', '.join(sorted(SILENCE_FIELDS))}")
     rule, reason, author = body.get("rule"), body.get("reason"), body.get("author", "api")
     if not isinstance(rule, str) or not isinstance(reason, str) or not isinstance(author, str):
         raise ValueError("rule, reason and author are strings; rule and reason are required")
+    plain("author", author, MAX_NAME)
     match = body.get("match", {})
     if isinstance(match, list):
         if not all(isinstance(item, str) for item in match):
             raise ValueError('match: a mapping as in a rule, or a list such as ["instance=a:8000"]')
+        for item in match:
+            plain("match", item, 2 * MAX_NAME)
         match = parse_match(match)
-    elif not isinstance(match, dict):
-        raise ValueError('match: a mapping as in a rule, or a list such as ["instance=a:8000"]')
+    check_match(match)
     try:
         duration = parse_duration(body.get("for"))
     except ValueError as exc:
         raise ValueError(f"for: {exc}") from None
+    if not math.isfinite(duration):  # digits enough to overflow a float
+        raise ValueError(f"for: {str(body.get('for'))[:40]!r} is not a finite duration")
     return rule, match, duration, reason, author

@@ -167,6 +167,8 @@ async def api(
     daemon: Daemon, method: str, path: str, body: Any = None, token: str | None = TOKEN
 ) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if method != "GET":
+        headers["Content-Type"] = "application/json"  # every write says it, a body or not
     async with (
         aiohttp.ClientSession() as session,
         session.request(
