@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from actions.acceptance import SprtParams
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Holding, Outcome
@@ -41,6 +41,7 @@ from actions.vllm_restart.process import StatusCommandWatch, UnitWatch, Watch
 from actions.vllm_restart.server import NotReady, Server
 from common.commands import CommandError, run_command
 from common.files import read_or_none, write_atomically
+from common.http import MAX_RESPONSE_SIZE
 from common.locks import named_lock
 from common.paths import ConfigPath
 from common.secrets import SecretRef, read_if_given
@@ -89,6 +90,8 @@ class VllmRestartParams(ActionParams):
     budget: Budget | None = Budget(runs=2, per=3600.0)
     ladder: tuple[int, ...]
     url: str = "http://127.0.0.1:8000"  # the vLLM server: /health, /version, /metrics
+    # /health's and /version's bodies up to this size (over it, that check fails with the reason)
+    max_response_size: ByteSize = Field(ByteSize(MAX_RESPONSE_SIZE), ge=1024, le=2**30)
     env_file: EnvFile | None = None
     vllm_config: VllmConfigFile | None = None
     unit: str | None = None  # systemctl --no-ask-password restart UNIT
@@ -171,7 +174,8 @@ class VllmRestartAction(Action):
         super().__init__(name, params)
         assert isinstance(params, VllmRestartParams)
         self.p = params
-        self.server = Server(params.url, read_if_given(params.token, f"actions.{name}.token"))
+        token = read_if_given(params.token, f"actions.{name}.token")
+        self.server = Server(params.url, token, max_response_size=params.max_response_size)
         self.path = params.env_file.path if params.env_file is not None else params.vllm_config.path  # type: ignore[union-attr]
         self.restart_argv = (
             ("systemctl", "--no-ask-password", "restart", params.unit)

@@ -1,9 +1,14 @@
 """The vLLM server being restarted: its version, its readiness, and what its ``/metrics`` say about
-the speculative config it runs with."""
+the speculative config it runs with.
+
+``/health`` and ``/version`` are read as from a stranger: the body up to ``max_response_size`` (over
+it, the check fails with that reason, the rest unread) and no redirect followed (a ``/health`` that
+sends elsewhere is not this server being healthy)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
@@ -11,6 +16,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from actions.acceptance import SprtParams, Verdict, sprt_probe
+from common.http import MAX_RESPONSE_SIZE, TooLarge, json_limited, read_limited
+
+log = logging.getLogger("specguard.action.vllm_restart")
 
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -37,24 +45,41 @@ def positions(page: str) -> tuple[bool, set[int]]:
 
 
 class Server:
-    def __init__(self, url: str, token: str | None, request_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        request_timeout: float = 10.0,
+        max_response_size: int = MAX_RESPONSE_SIZE,
+    ) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self.limit = max_response_size
 
     def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
 
     async def version(self) -> str | None:
-        """``/version``'s answer, or None when the server does not answer."""
+        """``/version``'s answer, or None when the server does not answer it (a redirect, or a
+        body over ``max_response_size``, is no answer: logged with the reason)."""
         try:
-            async with self._session() as session, session.get(self.url + "/version") as answer:
+            async with (
+                self._session() as session,
+                session.get(self.url + "/version", allow_redirects=False) as answer,
+            ):
                 if answer.status != 200:
+                    if 300 <= answer.status < 400:
+                        log.warning("%s/version: %s", self.url, _redirect(answer))
                     return None
-                body = await answer.json(content_type=None)
-                return str(body["version"]) if isinstance(body, dict) and "version" in body else None
+                body = await json_limited(answer, self.limit)
+        except TooLarge as exc:
+            log.warning("%s/version: %s", self.url, exc)
+            return None
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
+        version = body.get("version") if isinstance(body, dict) else None
+        return version[:100] if isinstance(version, str) else None
 
     async def wait_healthy(
         self, timeout: float, poll: float = 1.0, watch: Callable[[], Awaitable[str | None]] | None = None
@@ -68,10 +93,15 @@ class Server:
         async with self._session() as session:
             while True:
                 try:
-                    async with session.get(self.url + "/health") as answer:
+                    async with session.get(self.url + "/health", allow_redirects=False) as answer:
                         if answer.status == 200:
+                            await read_limited(answer, self.limit)  # a 200 is its whole answer
                             return time.monotonic() - started
                         last = f"/health answered {answer.status}"
+                        if 300 <= answer.status < 400:
+                            last += f": {_redirect(answer)}"
+                except TooLarge as exc:
+                    last = f"/health answered 200, but {exc}"
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     last = type(exc).__name__
                 down = await watch() if watch is not None else None
@@ -147,3 +177,8 @@ class Server:
             return str(body["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
             raise NotReady("/v1/models lists no model") from None
+
+
+def _redirect(answer: aiohttp.ClientResponse) -> str:
+    where = answer.headers.get("Location", "")
+    return f"a redirect to {where[:200]!r}, not followed" if where else "a redirect, not followed"
