@@ -97,7 +97,7 @@ def bot(api: SlackApi, tmp_path: Path) -> SlackAction:
         "group_wait": "0s",
         "request_timeout": "500ms",
         "backoff": "100ms",
-        "max_backoff": "400ms",
+        "max_backoff": "2s",  # also the longest Retry-After obeyed
     }
     return SlackAction("reports", SlackParams.model_validate(raw))
 
@@ -185,7 +185,8 @@ async def test_queuing_the_same_report_again_posts_it_once(
         # Retry-After is obeyed; a 429 surely shared nothing: no need to look in the thread
         ([Fault("429", 1.0, method="files.getUploadURLExternal")], 1.0, False),
         ([Fault("500", method="upload"), Fault("500", method="upload")], 0.1 + 0.2, True),  # doubling
-        ([Fault("429", 1.0, method="upload")], 0.1, True),  # the upload URL's 429: a backoff
+        # the upload URL's 429: its Retry-After, and the file surely not shared yet: no look first
+        ([Fault("429", 1.0, method="upload")], 1.0, False),
         ([Fault("500", method="files.completeUploadExternal")], 0.1, True),
         ([Fault("lose", method="files.completeUploadExternal")], 0.1, True),  # shared, the answer lost
     ],
