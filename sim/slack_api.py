@@ -90,7 +90,7 @@ class SlackApi:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    # slack-sdk sends some methods' arguments (the files.* ones) as a POST's query string
+    # a client may send a POST's arguments as its query string (slack-sdk does, for the files.* ones)
     query = dict(request.query)
     if request.content_type == "application/json":
         data = await request.json()

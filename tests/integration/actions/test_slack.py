@@ -1,4 +1,4 @@
-"""The slack action against a Slack Web API on loopback (slack-sdk's base_url points at it): one
+"""The slack action against a Slack Web API on loopback (the action's base_url points at it): one
 thread per incident, the parent edited when resolved, grouping, every failure mode, and a restart
 in the middle of an outage: nothing lost, nothing doubled."""
 

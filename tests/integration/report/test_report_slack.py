@@ -1,5 +1,5 @@
 """A weekly report posted through the slack action's outbox, against the loopback Slack Web API
-(slack-sdk's own ``files_upload_v2`` talking to it): the summary once, each chart in its thread with
+(Slack's external upload: an upload URL, the bytes, the completion): the summary once, each chart in its thread with
 the very bytes of the PNG, every failure retried without a double, a missing chart skipped, and an
 incoming webhook getting the summary alone."""
 
@@ -151,7 +151,7 @@ async def test_the_summary_is_posted_once_and_each_chart_uploaded_into_its_threa
         ("latency.png", "Latency against the baseline", "C0REPORTS", posted["ts"]),
     ]
     assert [u.data for u in shared] == [Path(path).read_bytes() for path, _ in charts]
-    # slack-sdk's upload: an upload URL, the bytes POSTed to it, the completion; no files.info
+    # the external upload: an upload URL, the bytes POSTed to it, the completion; no files.info
     assert [name for name, _, _ in slack.calls] == ["chat.postMessage"] + [
         "files.getUploadURLExternal",
         "upload",
