@@ -3,8 +3,10 @@
 file upload of ``files_upload_v2``: ``files.getUploadURLExternal``, a POST of the bytes to the upload
 URL it hands out, ``files.completeUploadExternal``) and an incoming webhook, as Slack answers them
 (``{"ok": ...}`` bodies, bearer tokens, message metadata, threads, files shared into a thread), with
-faults to stage: 429 with ``Retry-After``, 5xx, a dropped connection, an answer slower than the
-client waits, and a call that is done but whose answer is lost."""
+faults to stage: 429 with ``Retry-After`` (a number, or any text: ``inf``, an HTTP date), 5xx, any
+status, an ``ok: false`` error, a dropped connection, an answer slower than the client waits, a
+call that is done but whose answer is lost, or answered with a body of one's choosing, or with a
+huge body (streamed as it is sent, never held: declared by Content-Length or chunked)."""
 
 from __future__ import annotations
 
@@ -23,8 +25,14 @@ TOKEN = "xoxb-test-token"
 
 @dataclass
 class Fault:
-    kind: str  # 429 | 500 | drop | slow | lose
+    kind: str  # 429 | 500 | status | error | drop | slow | lose | answer | huge
     seconds: float = 0.0  # 429: Retry-After; slow: how long the answer takes
+    retry_after: str | None = None  # 429: the Retry-After header as given (instead of seconds)
+    status: int = 0  # status: the answer's status (with ``error`` as Slack's error)
+    error: str = ""  # error: the ``error`` of an ``ok: false`` answer (200)
+    answer: dict[str, Any] | None = None  # answer: the call is done, and answered with this
+    size: int = 0  # huge: the call is done, and answered with a body of this many bytes
+    chunked: bool = False  # huge: chunked, else a declared Content-Length
     # Only for this call (a method's name, "upload" for the upload URL, "webhook"); None: the next
     # call whatever it is. A fault for one call waits while other calls pass.
     method: str | None = None
@@ -82,7 +90,7 @@ class SlackApi:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    # slack-sdk sends some methods' arguments (the files.* ones) as a POST's query string
+    # a client may send a POST's arguments as its query string (slack-sdk does, for the files.* ones)
     query = dict(request.query)
     if request.content_type == "application/json":
         data = await request.json()
@@ -110,6 +118,10 @@ def build(api: SlackApi) -> web.Application:
         answer = _answer(api, name, body, str(request.url.origin()))
         if fault is not None and fault.kind == "lose":  # done, but the answer never arrives
             return _hang_up(request)
+        if fault is not None and fault.kind == "answer":  # done, and answered as staged
+            return web.json_response(fault.answer)
+        if fault is not None and fault.kind == "huge":
+            return await _huge(request, fault)
         return web.json_response(answer)
 
     async def upload(request: web.Request) -> web.StreamResponse:
@@ -132,18 +144,20 @@ def build(api: SlackApi) -> web.Application:
             return _hang_up(request)
         return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
 
-    async def webhook(request: web.Request) -> web.Response:
+    async def webhook(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         api.webhook_posts.append(body)
         fault = api.fault("webhook")
         if fault is not None and fault.kind == "429":
-            return web.Response(
-                text="rate_limited", status=429, headers={"Retry-After": f"{fault.seconds:g}"}
-            )
-        if fault is not None and fault.kind == "500":
+            return web.Response(text="rate_limited", status=429, headers={"Retry-After": _retry_after(fault)})
+        if fault is not None and fault.kind in ("500", "status"):  # as Slack: the error's name as text
             api.webhook_posts.pop()
-            return web.Response(text="internal_error", status=500)
+            if fault.kind == "500":
+                return web.Response(text="internal_error", status=500)
+            return web.Response(text=fault.error, status=fault.status)
         api.messages.append({"via": "webhook", **body})
+        if fault is not None and fault.kind == "huge":
+            return await _huge(request, fault)
         return web.Response(text="ok")
 
     app = web.Application()
@@ -160,17 +174,46 @@ async def _failure(request: web.Request, fault: Fault | None) -> web.StreamRespo
         return None
     if fault.kind == "429":
         return web.json_response(
-            {"ok": False, "error": "ratelimited"},
-            status=429,
-            headers={"Retry-After": f"{fault.seconds:g}"},
+            {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": _retry_after(fault)}
         )
     if fault.kind == "500":
         return web.json_response({"ok": False, "error": "internal_error"}, status=500)
+    if fault.kind == "status":
+        return web.json_response({"ok": False, "error": fault.error}, status=fault.status)
+    if fault.kind == "error":
+        return web.json_response({"ok": False, "error": fault.error})
     if fault.kind == "drop":
         return _hang_up(request)
     if fault.kind == "slow":
         await asyncio.sleep(fault.seconds)
     return None
+
+
+def _retry_after(fault: Fault) -> str:
+    return fault.retry_after if fault.retry_after is not None else f"{fault.seconds:g}"
+
+
+async def _huge(request: web.Request, fault: Fault) -> web.StreamResponse:
+    """A 200 whose body is ``fault.size`` bytes (a JSON object that never closes), written a
+    chunk at a time as the client reads, until it is all sent or the client hangs up."""
+    response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+    if fault.chunked:
+        response.enable_chunked_encoding()
+    else:
+        response.content_length = fault.size
+    await response.prepare(request)
+    head = b'{"ok": true, "pad": "'
+    chunk = b"x" * 65536
+    try:
+        await response.write(head)
+        left = fault.size - len(head)
+        while left > 0:
+            await response.write(chunk[: min(left, len(chunk))])
+            left -= len(chunk)
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):  # the client hung up: as it should, early
+        pass
+    return response
 
 
 def _hang_up(request: web.Request) -> web.Response:

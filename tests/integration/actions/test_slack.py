@@ -1,4 +1,4 @@
-"""The slack action against a Slack Web API on loopback (slack-sdk's base_url points at it): one
+"""The slack action against a Slack Web API on loopback (the action's base_url points at it): one
 thread per incident, the parent edited when resolved, grouping, every failure mode, and a restart
 in the middle of an outage: nothing lost, nothing doubled."""
 
@@ -178,7 +178,7 @@ async def test_a_firing_resolved_within_the_group_wait_is_one_message(
 async def test_every_failure_is_retried_until_delivered_once(
     slack: SlackApi, store: Store, tmp_path: Path, faults: list[Fault], least_wait: float
 ) -> None:
-    oncall = action(slack, tmp_path, group_wait="0s")
+    oncall = action(slack, tmp_path, group_wait="0s", max_backoff="2s")  # Retry-After up to 2s
     slack.faults = list(faults)
     await oncall.run(ctx(store, "firing", time.time()))
     await deliver(oncall, store)

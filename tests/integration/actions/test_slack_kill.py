@@ -93,7 +93,10 @@ async def test_a_notice_queued_before_a_kill_is_posted_once_after_the_restart(tm
             assert len(firing) == 1, shown.stdout
             notes = [(n["action"], n["text"]) for n in firing[0]["notes"]]
             assert notes == [
-                ("oncall", "notice 1 (post) not delivered yet: 500 internal_error; retrying"),
+                (
+                    "oncall",
+                    "notice 1 (post) not delivered yet: chat.postMessage: 500 internal_error; retrying",
+                ),
                 ("oncall", f"notice 1 posted to C0ONCALL (ts {posted['ts']})"),
             ], notes
             table = subprocess.run(

@@ -1,5 +1,5 @@
 """A weekly report posted through the slack action's outbox, against the loopback Slack Web API
-(slack-sdk's own ``files_upload_v2`` talking to it): the summary once, each chart in its thread with
+(Slack's external upload: an upload URL, the bytes, the completion): the summary once, each chart in its thread with
 the very bytes of the PNG, every failure retried without a double, a missing chart skipped, and an
 incoming webhook getting the summary alone."""
 
@@ -97,7 +97,7 @@ def bot(api: SlackApi, tmp_path: Path) -> SlackAction:
         "group_wait": "0s",
         "request_timeout": "500ms",
         "backoff": "100ms",
-        "max_backoff": "400ms",
+        "max_backoff": "2s",  # also the longest Retry-After obeyed
     }
     return SlackAction("reports", SlackParams.model_validate(raw))
 
@@ -151,7 +151,7 @@ async def test_the_summary_is_posted_once_and_each_chart_uploaded_into_its_threa
         ("latency.png", "Latency against the baseline", "C0REPORTS", posted["ts"]),
     ]
     assert [u.data for u in shared] == [Path(path).read_bytes() for path, _ in charts]
-    # slack-sdk's upload: an upload URL, the bytes POSTed to it, the completion; no files.info
+    # the external upload: an upload URL, the bytes POSTed to it, the completion; no files.info
     assert [name for name, _, _ in slack.calls] == ["chat.postMessage"] + [
         "files.getUploadURLExternal",
         "upload",
@@ -185,7 +185,8 @@ async def test_queuing_the_same_report_again_posts_it_once(
         # Retry-After is obeyed; a 429 surely shared nothing: no need to look in the thread
         ([Fault("429", 1.0, method="files.getUploadURLExternal")], 1.0, False),
         ([Fault("500", method="upload"), Fault("500", method="upload")], 0.1 + 0.2, True),  # doubling
-        ([Fault("429", 1.0, method="upload")], 0.1, True),  # the upload URL's 429: a backoff
+        # the upload URL's 429: its Retry-After, and the file surely not shared yet: no look first
+        ([Fault("429", 1.0, method="upload")], 1.0, False),
         ([Fault("500", method="files.completeUploadExternal")], 0.1, True),
         ([Fault("lose", method="files.completeUploadExternal")], 0.1, True),  # shared, the answer lost
     ],
