@@ -426,7 +426,7 @@ class CanaryServer:
 
 
 async def test_a_restore_whose_canary_raised_is_tried_again_and_done(
-    started: Callable[..., Awaitable[Daemon]], tmp_path: Path
+    started: Callable[..., Awaitable[Daemon]], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = CanaryServer()
     runner = web.AppRunner(server.app(), access_log=None)
@@ -451,6 +451,7 @@ async def test_a_restore_whose_canary_raised_is_tried_again_and_done(
         restore = runs(daemon)[-1]
         assert (restore["mode"], restore["status"]) == ("restore", "ok") and restore["attempts"] == 2
         assert "canary: acceptance 0.80" in restore["detail"]
+        assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # a failed canary, no traceback
     finally:
         await runner.cleanup()
 
