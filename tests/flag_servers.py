@@ -4,9 +4,11 @@ Plus the reader's peak memory, to show that a huge answer was not taken in."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import re
+import resource
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,17 +53,20 @@ class HugeAnswer:
 
 
 def _peak_kib() -> int:
-    match = re.search(r"^VmHWM:\s+(\d+) kB", _STATUS.read_text(), re.M)
-    assert match is not None
+    match = re.search(r"^VmHWM:\s+(\d+) kB", _STATUS.read_text(), re.M) if _STATUS.exists() else None
+    if match is None:  # no /proc: the peak since the process started, in KiB on Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(match.group(1))
 
 
 class PeakMemory:
-    """How much this process's peak resident memory grew since ``start`` (Linux: the peak is
-    reset first, so what came before does not hide the growth)."""
+    """How much this process's peak resident memory grew since ``start``. Where the peak can be
+    reset (Linux), it is, so that what came before does not hide the growth; elsewhere an earlier,
+    higher peak may hide some of it (never a growth that was not there)."""
 
     def start(self) -> None:
-        _CLEAR_REFS.write_text("5")  # resets VmHWM to the present resident size
+        with contextlib.suppress(OSError):
+            _CLEAR_REFS.write_text("5")  # resets VmHWM to the present resident size
         self.base = _peak_kib()
 
     def growth_mib(self) -> float:
