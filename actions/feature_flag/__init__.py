@@ -24,6 +24,7 @@ way; the controller lets go once the ladder's journal is closed.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
@@ -31,6 +32,7 @@ from typing import Any, Literal, Protocol
 from pydantic import Field, model_validator
 
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Holding, Outcome
+from actions.feature_flag.answers import FollowRedirects, ResponseSize
 from actions.feature_flag.backends import (
     Backend,
     BackendError,
@@ -40,6 +42,7 @@ from actions.feature_flag.backends import (
     HttpParams,
 )
 from actions.feature_flag.canary import Canary, CanaryParams
+from common.http import MAX_RESPONSE_SIZE
 from common.locks import named_lock
 from common.secrets import read_if_given
 from rules.durations import Duration, format_duration, format_wait
@@ -60,6 +63,10 @@ class FeatureFlagParams(ActionParams):
     restore_max_backoff: Duration = Field(3600.0, gt=0)
     retry_backoff: Duration = Field(10.0, gt=0)  # after a write that failed (either way); doubled
     retry_max_backoff: Duration = Field(300.0, gt=0)
+    # What the flag API and the canary's server may answer: bodies up to this size (over it, the
+    # attempt fails), and redirects followed only to the same scheme, host and port when asked to.
+    max_response_size: ResponseSize = MAX_RESPONSE_SIZE
+    follow_redirects: FollowRedirects = "never"
 
     @model_validator(mode="after")
     def _one_backend(self) -> FeatureFlagParams:
@@ -176,7 +183,13 @@ class FeatureFlagAction(Action):
         backend: Backend
         if params.http is not None:
             token = read_if_given(params.http.token, f"actions.{name}.http.token")
-            backend = HttpBackend(params.http, token)
+            backend = HttpBackend(
+                params.http,
+                token,
+                params.max_response_size,
+                params.follow_redirects,
+                params.retry_max_backoff,
+            )
             self._values = (params.http.engage, params.http.restore)
             self.read_every = params.http.read_every
         else:
@@ -188,7 +201,7 @@ class FeatureFlagAction(Action):
         self.canary: Canary | None = None
         if params.canary is not None:
             token = read_if_given(params.canary.token, f"actions.{name}.canary.token")
-            self.canary = Canary(params.canary, token)
+            self.canary = Canary(params.canary, token, params.max_response_size, params.follow_redirects)
         self.drains: list[Drain] = []  # ladders that engage this flag while they restart vLLM
         self.clock: Callable[[], float] = lambda: time.time()  # the dispatcher gives its own
         # Called when the flag should be looked at now (a ladder's change ended): the dispatcher's.
@@ -242,7 +255,7 @@ class FeatureFlagAction(Action):
             engage = state == ENGAGED
             done = await self.backend.set(self._values[0 if engage else 1], "engage" if engage else "restore")
         except BackendError as exc:
-            return await self.failed(memory, f"{exc}; {unsure}")
+            return await self.failed(memory, f"{exc}; {unsure}", exc.retry_after)
         now = self.clock()
         await memory.update(STATE_KEY, lambda v: {**confirmed(record_of(v), state, now), "failures": 0})
         return done
@@ -280,9 +293,10 @@ class FeatureFlagAction(Action):
         lasted = f" after {format_duration(round(max(0.0, now - since)))} engaged" if since else ""
         return Outcome(True, f"speculative decoding restored{lasted}: {done}{checked}")
 
-    async def failed(self, memory: ActionMemory, why: str) -> Outcome:
+    async def failed(self, memory: ActionMemory, why: str, asked: float | None = None) -> Outcome:
         """A write that failed (or a change cut short): the state unknown, the next try after the
-        write backoff."""
+        write backoff, or after what the flag API ``asked`` for (its Retry-After) when that is
+        longer, at most ``retry_max_backoff``."""
 
         def failed(value: Any) -> dict[str, Any]:
             record = record_of(value)
@@ -291,7 +305,10 @@ class FeatureFlagAction(Action):
             return record
 
         record = await memory.update(STATE_KEY, failed)
-        wait = self._backoff(record["failures"], self.flag.retry_backoff, self.flag.retry_max_backoff)
+        most = self.flag.retry_max_backoff
+        wait = self._backoff(record["failures"], self.flag.retry_backoff, most)
+        if asked is not None and math.isfinite(asked) and asked > wait:
+            wait = min(most, asked)
         return Outcome(False, f"{why}; next try in {format_wait(wait)}", retry_after=wait)
 
     async def later(self, memory: ActionMemory, at: float | None) -> None:

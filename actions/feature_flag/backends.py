@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
@@ -14,21 +15,26 @@ import aiohttp
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.commands import QUOTE, CommandError, run_command
-from common.files import read_or_none, write_atomically
+from actions.feature_flag.answers import QUOTE, AnswerError, FollowRedirects, fetch
+from common.commands import CommandError, run_command
+from common.files import read_or_none, write_atomically, write_target
+from common.http import MAX_RESPONSE_SIZE, retry_after
 from common.paths import ConfigPath
 from common.secrets import SecretRef
-from rules.durations import Duration
+from rules.durations import Duration, format_wait
 
-# A body or reason quoted in an outcome is cut to this many characters.
 # The most a retry waits, however many came before it.
 MAX_BACKOFF = 30.0
-READ_LIMIT = 64 * 1024  # a flag's value read back: more than this is not a flag
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class BackendError(Exception):
-    """The flag could not be set; the message says what was tried and what came back."""
+    """The flag could not be set; the message says what was tried and what came back.
+    ``retry_after``: how long the flag API asked to be left alone (Retry-After), already capped."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Backend(Protocol):
@@ -111,59 +117,97 @@ class HttpParams(BaseModel):
 
 class HttpBackend:
     """Retries connection failures, timeouts, 429 and 5xx with doubling waits; any other answer
-    outside ``expect_status`` is a mistake no retry will fix, and fails at once."""
+    outside ``expect_status`` is a mistake no retry will fix, and fails at once. A 429 or 503 whose
+    ``Retry-After`` asks for longer than the next retry would wait ends the tries: the failure says
+    how long the API asked for (at most ``most_wait``), and the action waits that long."""
 
     confirms = True  # the flag service answers what it holds
 
-    def __init__(self, params: HttpParams, token: str | None) -> None:
+    def __init__(
+        self,
+        params: HttpParams,
+        token: str | None,
+        limit: int = MAX_RESPONSE_SIZE,
+        follow: FollowRedirects = "never",
+        most_wait: float = 300.0,
+    ) -> None:
         self.params = params
         self._token = token  # never logged, never put in an outcome
+        self.limit = limit  # max_response_size
+        self.follow = follow  # follow_redirects
+        self.most_wait = most_wait  # the longest Retry-After honoured: the action's retry_max_backoff
+
+    def _headers(self) -> dict[str, str]:
+        headers = dict(self.params.headers)
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    def _wait(self, attempt: int) -> float:
+        """The wait before try ``attempt`` (1: the first retry)."""
+        return float(min(MAX_BACKOFF, self.params.backoff * 2 ** (attempt - 1)))
 
     async def set(self, value: Any, what: str) -> str:
         p = self.params
-        headers = dict(p.headers)
-        if self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
         timeout = aiohttp.ClientTimeout(total=p.request_timeout)
         last = ""
+        asked: float | None = None  # what the last answer's Retry-After asked for
+        tries = 0
         for attempt in range(p.retries + 1):
             if attempt:
-                await asyncio.sleep(min(MAX_BACKOFF, p.backoff * 2 ** (attempt - 1)))
+                await asyncio.sleep(self._wait(attempt))
+            tries += 1
+            asked = None
             try:
-                async with (
-                    aiohttp.ClientSession(timeout=timeout) as session,
-                    session.request(p.method, p.url, json=value, headers=headers) as answer,
-                ):
-                    body = (await answer.text(errors="replace"))[:QUOTE]
-                    if answer.status in p.expect_status:
-                        return f"{p.method} {p.url}: {answer.status}" + (
-                            f" after {attempt} retries" if attempt else ""
-                        )
-                    last = f"{answer.status} {body.strip()}".strip()
-                    if answer.status not in (408, 429) and answer.status < 500:
-                        raise BackendError(f"{what}: {p.method} {p.url} answered {last}")
+                async with aiohttp.ClientSession(timeout=timeout) as session:
+                    answer = await fetch(
+                        session, p.method, p.url, follow=self.follow, limit=self.limit, json=value,
+                        headers=self._headers(),
+                    )  # fmt: skip
+            except AnswerError as exc:
+                last = str(exc)
+                if not exc.retry:
+                    raise BackendError(f"{what}: {exc}") from None
+                continue
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"[:QUOTE] if str(exc) else type(exc).__name__
-        raise BackendError(f"{what}: {p.method} {p.url} failed {p.retries + 1} times, last: {last}")
+                continue
+            if answer.status in p.expect_status:
+                return f"{answer.where}: {answer.status}" + (f" after {attempt} retries" if attempt else "")
+            last = f"{answer.status} {answer.quote()}".strip()
+            if answer.status not in (408, 429) and answer.status < 500:
+                raise BackendError(f"{what}: {answer.where} answered {last}")
+            if answer.url != answer.asked:
+                last = f"{last}, answered by {answer.url}"
+            if answer.status in (429, 503):
+                asked = retry_after(answer.headers.get("Retry-After"), time.time(), self.most_wait)
+                if asked is not None and attempt < p.retries and asked > self._wait(attempt + 1):
+                    break  # the API asks for longer than the next try would wait: the action waits
+        if asked is not None:
+            last = f"{last}; it asked to be tried again in {format_wait(asked)} (Retry-After)"
+        raise BackendError(f"{what}: {p.method} {p.url} failed {_times(tries)}, last: {last}", asked)
 
     async def read(self, engage: Any, restore: Any) -> str | None:
         p = self.params
         if p.read_url is None:
             return None
-        headers = dict(p.headers)
-        if self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
         try:
-            async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=p.request_timeout)) as session,
-                session.get(p.read_url, headers=headers) as answer,
-            ):
-                if answer.status != 200:
-                    return None
-                body = json.loads((await answer.content.read(READ_LIMIT)).decode("utf-8", "replace"))
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            async with aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=p.request_timeout)
+            ) as session:
+                answer = await fetch(
+                    session, "GET", p.read_url, follow=self.follow, limit=self.limit, headers=self._headers()
+                )
+            if answer.status != 200:
+                return None
+            body = answer.json()
+        except (aiohttp.ClientError, TimeoutError, AnswerError):
             return None
         return which(body, engage, restore)
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
 
 
 # --- file -------------------------------------------------------------------------------------
@@ -257,8 +301,9 @@ class FileBackend:
         try:
             current = await asyncio.to_thread(read_or_none, p.path)
             if current != text:
+                target = await asyncio.to_thread(write_target, p.path)
                 await asyncio.to_thread(write_atomically, p.path, text)
-                done = f"wrote {p.path}"
+                done = f"wrote {target}" + (f" (the file {p.path} links to)" if target != p.path else "")
                 if await asyncio.to_thread(read_or_none, p.path) != text:  # read back: what a router reads
                     raise BackendError(f"{what}: {p.path} does not read back as written")
             else:

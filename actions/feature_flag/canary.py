@@ -6,16 +6,24 @@ whatever else it served meanwhile)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from actions.acceptance import SprtParams, sprt_probe, totals
+from actions.acceptance import SprtParams, Totals, sprt_probe, totals
+from actions.feature_flag.answers import QUOTE, Answer, AnswerError, FollowRedirects, fetch
+from common.http import MAX_RESPONSE_SIZE
 from common.secrets import SecretRef
 from common.sequential import Decision
 from rules.durations import Duration
+
+log = logging.getLogger("specguard.action.feature_flag")
+CUT = 300  # a failed canary's reason is cut to this many characters
 
 # Prompts whose continuations a draft model usually predicts well and badly alike: a mix, so that
 # the canary sees acceptance as served traffic would rather than at its best.
@@ -79,12 +87,77 @@ class CanaryResult:
     drafted: float = 0.0
 
 
+class CanaryError(Exception):
+    """The canary's server answered something that cannot be so; the message says what."""
+
+
+# The largest count a float holds exactly: a counter past it cannot be told from its neighbours.
+MOST_COUNT = float(2**53)
+_COUNTERS = {
+    "accepted": "accepted tokens",
+    "drafts": "drafts",
+    "draft_tokens": "draft tokens",
+    "full": "drafts accepted whole",
+    "expected_tokens": "drafts times their length",
+}
+
+
+class Counters:
+    """The server's speculative-decoding counters, read page after page and checked: whole,
+    finite counts that never go back, and never more tokens accepted than drafted."""
+
+    def __init__(self) -> None:
+        self.last: Totals | None = None
+
+    def read(self, page: str) -> Totals:
+        """The page's totals; CanaryError when they, or what they grew by since the last page,
+        cannot be so."""
+        try:
+            now = totals(page)
+        except (ValueError, ArithmeticError, LookupError, TypeError) as exc:
+            reason = str(exc)[:QUOTE] or type(exc).__name__
+            raise CanaryError(f"GET /metrics is not a Prometheus page: {reason}") from None
+        for name, said in _COUNTERS.items():
+            value = getattr(now, name)
+            if not (math.isfinite(value) and 0 <= value <= MOST_COUNT and float(value).is_integer()):
+                raise CanaryError(f"GET /metrics counts {value:g} {said}: not a count a server can have")
+        last, self.last = self.last, now
+        if last is None:
+            return now
+        step = now.minus(last)
+        if min(step.accepted, step.drafts, step.draft_tokens, step.full) < 0:
+            raise CanaryError("the server's counters went back (it restarted): try again later")
+        if step.accepted > step.draft_tokens:
+            grew = f"{step.accepted:,.0f} tokens accepted of {step.draft_tokens:,.0f} drafted"
+            if step.draft_tokens == 0:
+                raise CanaryError(f"acceptance is impossible: {grew}")
+            raise CanaryError(
+                f"acceptance {step.accepted / step.draft_tokens:.2f} is impossible: accepted tokens "
+                f"grew faster than draft tokens ({grew})"
+            )
+        if step.full > step.drafts:
+            raise CanaryError(
+                f"{step.full:,.0f} drafts accepted whole of {step.drafts:,.0f} drafted is impossible"
+            )
+        return now
+
+
 class Canary:
-    def __init__(self, params: CanaryParams, token: str | None) -> None:
+    def __init__(
+        self,
+        params: CanaryParams,
+        token: str | None,
+        limit: int = MAX_RESPONSE_SIZE,
+        follow: FollowRedirects = "never",
+    ) -> None:
         self.params = params
         self._token = token
+        self.limit = limit  # max_response_size
+        self.follow = follow  # follow_redirects
 
     async def probe(self) -> CanaryResult:
+        """Never raises: a server that does not answer, or answers what cannot be so, is a
+        failed canary, with the reason."""
         p = self.params
         try:
             async with (
@@ -92,23 +165,25 @@ class Canary:
                 aiohttp.ClientSession(headers=self._headers()) as session,
             ):
                 model = p.model or await self._model(session)
+                counters = Counters()
                 if p.sprt is not None:
-                    return await self._sequential(session, model, p.sprt)
-                before = totals(await self._get(session, "/metrics"))
+                    return await self._sequential(session, model, p.sprt, counters)
+                before = counters.read(await self._get(session, "/metrics"))
                 sent = await self._round(session, model)
-                after = totals(await self._get(session, "/metrics"))
+                after = counters.read(await self._get(session, "/metrics"))
         except TimeoutError:
             return CanaryResult(False, f"canary: {p.url} did not answer within {p.timeout:g}s")
+        except (CanaryError, AnswerError) as exc:
+            return CanaryResult(False, f"canary: {exc}"[:CUT])
         except (aiohttp.ClientError, ValueError) as exc:
-            return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:300])
+            return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:CUT])
+        except Exception as exc:  # a bug here must not keep the fallback for good: a failed canary
+            log.exception("canary: %s: the probe failed", p.url)
+            return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:CUT])
         assert p.min_acceptance is not None
         counted = after.minus(before)
         accepted, drafted = counted.accepted, counted.draft_tokens
         tokens = sum(sent)
-        if drafted < 0 or accepted < 0:
-            return CanaryResult(
-                False, "canary: the server's counters went back (it restarted): try again later"
-            )
         if drafted < p.min_draft_tokens:
             return CanaryResult(
                 False,
@@ -117,8 +192,8 @@ class Canary:
                 "decoding on at this server?",
                 drafted=drafted,
             )
-        rate = accepted / drafted
-        ok = math.isfinite(rate) and rate >= p.min_acceptance
+        rate = accepted / drafted  # within [0, 1]: the counters were checked
+        ok = rate >= p.min_acceptance
         verdict = "at or above" if ok else "below"
         return CanaryResult(
             ok,
@@ -128,19 +203,29 @@ class Canary:
             drafted,
         )
 
-    async def _sequential(self, session: aiohttp.ClientSession, model: str, sprt: SprtParams) -> CanaryResult:
+    async def _sequential(
+        self, session: aiohttp.ClientSession, model: str, sprt: SprtParams, counters: Counters
+    ) -> CanaryResult:
         """Rounds of ``requests`` until Wald's test says recovered (restore) or not (keep)."""
 
         async def send_round() -> None:
             await self._round(session, model)
 
-        verdict = await sprt_probe(
-            sprt, lambda: self._get(session, "/metrics"), send_round, "canary", self.params.max_tokens
-        )
+        async def read_metrics() -> str:
+            page = await self._get(session, "/metrics")
+            counters.read(page)  # raises when the page cannot be so
+            return page
+
+        verdict = await sprt_probe(sprt, read_metrics, send_round, "canary", self.params.max_tokens)
         return CanaryResult(verdict.decision is Decision.RECOVERED, verdict.detail, verdict.alpha)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    async def _fetch(self, session: aiohttp.ClientSession, method: str, path: str, **kwargs: Any) -> Answer:
+        return await fetch(
+            session, method, self.params.url + path, follow=self.follow, limit=self.limit, **kwargs
+        )
 
     async def _round(self, session: aiohttp.ClientSession, model: str) -> list[int]:
         """The canary's ``requests`` completions, at once; the tokens each generated."""
@@ -148,23 +233,27 @@ class Canary:
         return list(await asyncio.gather(*(self._complete(session, model, i) for i in range(n))))
 
     async def _get(self, session: aiohttp.ClientSession, path: str) -> str:
-        async with session.get(self.params.url + path) as answer:
-            if answer.status != 200:
-                raise ValueError(f"GET {path} answered {answer.status}")
-            return await answer.text()
+        answer = await self._fetch(session, "GET", path)
+        if answer.status != 200:
+            raise CanaryError(f"{answer.where} answered {answer.status}")
+        return answer.text()
 
     async def _model(self, session: aiohttp.ClientSession) -> str:
-        async with session.get(self.params.url + "/v1/models") as answer:
-            if answer.status != 200:
-                raise ValueError(f"GET /v1/models answered {answer.status}")
-            body = await answer.json(content_type=None)
+        answer = await self._fetch(session, "GET", "/v1/models")
+        if answer.status != 200:
+            raise CanaryError(f"{answer.where} answered {answer.status}")
+        body = answer.json()
         try:
-            return str(body["data"][0]["id"])
+            model = body["data"][0]["id"]
         except (KeyError, IndexError, TypeError):
-            raise ValueError("/v1/models lists no model: give canary.model") from None
+            raise CanaryError(f"{answer.where} lists no model: give canary.model") from None
+        if not isinstance(model, str) or not model.strip():
+            raise CanaryError(f"{answer.where} lists a model whose id is not a name: give canary.model")
+        return model
 
     async def _complete(self, session: aiohttp.ClientSession, model: str, index: int) -> int:
-        """One completion; returns the tokens it generated (from ``usage``)."""
+        """One completion; returns the tokens it generated (from ``usage``): a whole number from 0
+        to ``max_tokens``, or CanaryError."""
         p = self.params
         request = {
             "model": model,
@@ -172,10 +261,21 @@ class Canary:
             "max_tokens": p.max_tokens,
             "temperature": p.temperature,
         }
-        async with session.post(p.url + "/v1/completions", json=request) as answer:
-            if answer.status != 200:
-                text = (await answer.text())[:200]
-                raise ValueError(f"POST /v1/completions answered {answer.status}: {text}")
-            body = await answer.json(content_type=None)
-        usage = body.get("usage") if isinstance(body, dict) else None
-        return int(usage.get("completion_tokens", 0)) if isinstance(usage, dict) else 0
+        answer = await self._fetch(session, "POST", "/v1/completions", json=request)
+        if answer.status != 200:
+            raise CanaryError(f"{answer.where} answered {answer.status}: {answer.quote()}".strip())
+        body = answer.json()
+        if not isinstance(body, dict):
+            raise CanaryError(f"{answer.where} answered {type(body).__name__}, not a completion")
+        usage = body.get("usage")
+        if usage is None:
+            return 0
+        if not isinstance(usage, dict):
+            raise CanaryError(f"{answer.where} answered usage {json.dumps(usage)[:40]}, not an object")
+        tokens = usage.get("completion_tokens", 0)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= p.max_tokens:
+            raise CanaryError(
+                f"{answer.where} says it generated {json.dumps(tokens)[:40]} tokens: not a whole number "
+                f"from 0 to max_tokens {p.max_tokens}"
+            )
+        return tokens

@@ -426,7 +426,7 @@ class CanaryServer:
 
 
 async def test_a_restore_whose_canary_raised_is_tried_again_and_done(
-    started: Callable[..., Awaitable[Daemon]], tmp_path: Path
+    started: Callable[..., Awaitable[Daemon]], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = CanaryServer()
     runner = web.AppRunner(server.app(), access_log=None)
@@ -438,7 +438,10 @@ async def test_a_restore_whose_canary_raised_is_tried_again_and_done(
             f"{{url: 'http://127.0.0.1:{port}', min_acceptance: 0.5, requests: 1, min_draft_tokens: 5, "
             "timeout: 5s}"
         )
-        text = config(FILE, quiet_period="100ms", retry_backoff="200ms", canary=canary)
+        # an answer that cannot be so fails the canary: tried again after restore_backoff
+        text = config(
+            FILE, quiet_period="100ms", retry_backoff="200ms", restore_backoff="200ms", canary=canary
+        )
         daemon = await started(text, TWO_RULES.format(first="loose", first_actions="[fallback]"))
         source(daemon).value = 0.45
         await until("engaged", lambda: engaged(tmp_path))
@@ -448,6 +451,7 @@ async def test_a_restore_whose_canary_raised_is_tried_again_and_done(
         restore = runs(daemon)[-1]
         assert (restore["mode"], restore["status"]) == ("restore", "ok") and restore["attempts"] == 2
         assert "canary: acceptance 0.80" in restore["detail"]
+        assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # a failed canary, no traceback
     finally:
         await runner.cleanup()
 

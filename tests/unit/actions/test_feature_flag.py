@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -371,3 +372,69 @@ def test_a_timeout_that_cannot_hold_a_restore_is_refused_naming_both(tmp_path: P
                 "restore": {"s": 1}, "reload": ["true"], "reload_timeout": "30s"}}  # fmt: skip
     with pytest.raises(ValidationError, match="the reload command's timeout 30s"):
         FeatureFlagParams.model_validate(file_raw)
+
+
+# --- what the flag API and the canary may answer ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "size"),
+    [
+        ("1MiB", 1 << 20),
+        ("512KiB", 512 << 10),
+        ("2 MB", 2_000_000),
+        (4096, 4096),
+        ("4096", 4096),
+        ("1GiB", 1 << 30),
+    ],
+)
+def test_max_response_size_takes_a_size_with_a_unit_or_a_byte_count(given: Any, size: int) -> None:
+    raw = {"type": "feature_flag", "http": {"url": "http://r/f"}}
+    assert FeatureFlagParams.model_validate(raw).max_response_size == 1 << 20  # the default
+    assert FeatureFlagParams.model_validate(raw).follow_redirects == "never"
+    assert FeatureFlagParams.model_validate({**raw, "max_response_size": given}).max_response_size == size
+
+
+@pytest.mark.parametrize(
+    ("field", "given", "message"),
+    [
+        (
+            "max_response_size",
+            "1 megabyte",
+            "invalid size '1 megabyte': give a number of bytes, or one with a unit",
+        ),
+        ("max_response_size", "1.5MiB", "invalid size '1.5MiB'"),
+        ("max_response_size", 12, "a size of 12 bytes is outside 1 KiB to 1 GiB"),
+        ("max_response_size", "2GiB", "a size of 2,147,483,648 bytes is outside 1 KiB to 1 GiB"),
+        ("max_response_size", -1, "a size of -1 bytes is outside"),
+        ("max_response_size", True, "expected a size like 1MiB, 512KiB or a number of bytes, got True"),
+        ("max_response_size", 1.5, "expected a size like 1MiB"),
+        ("follow_redirects", "always", "'never' or 'same_origin'"),
+    ],
+)
+def test_max_response_size_and_follow_redirects_refuse_bad_input(
+    field: str, given: Any, message: str
+) -> None:
+    raw = {"type": "feature_flag", "http": {"url": "http://r/f"}, field: given}
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        FeatureFlagParams.model_validate(raw)
+
+
+def test_a_bad_max_response_size_is_a_config_problem_with_its_line(tmp_path: Path) -> None:
+    from daemon.loading import load
+
+    config = tmp_path / "specguard.yaml"
+    config.write_text(
+        "actions:\n"
+        "  fallback:\n"
+        "    type: feature_flag\n"
+        "    http: {url: 'http://router:8080/flags/speculative'}\n"
+        "    max_response_size: 1 megabyte\n"
+        "    follow_redirects: same_host\n"
+    )
+    errors = [str(p) for p in load(config).errors]
+    assert errors == [
+        f"{config}:5: actions.fallback.max_response_size: invalid size '1 megabyte': give a number of bytes, "
+        "or one with a unit (B, KiB, MiB, GiB, KB, MB, GB), e.g. 1MiB or 512KiB",
+        f"{config}:6: actions.fallback.follow_redirects: Input should be 'never' or 'same_origin'",
+    ]
