@@ -37,7 +37,7 @@ def size_text(limit: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if limit >= size and limit % size == 0:
             return f"{limit // size} {unit}"
-    return f"{limit} bytes"
+    return f"{limit} byte{'s' if limit != 1 else ''}"
 
 
 async def read_limited(response: _Response, limit: int = MAX_RESPONSE_SIZE) -> bytes:

@@ -22,6 +22,7 @@ from pydantic import (
 
 from common.schedule import cron
 from common.secrets import SecretRef
+from common.sizes import parse_size
 from daemon.sources.scrape import DEFAULT_MAX_PAGE_BYTES, duplicate_instances, instance_label
 from rules.durations import Duration, Interval
 
@@ -53,36 +54,7 @@ class ScrapeTarget(_Strict):
         return _http_url(value)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
-_SIZE_UNITS = {
-    None: 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "KiB": 2**10,
-    "MiB": 2**20,
-    "GiB": 2**30,
-}
-
-
-def _byte_size(value: Any) -> int:
-    """A size in bytes: a number, or a string like ``16MiB``, ``500KB``."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size like 16MiB, got {value!r}")
-    if isinstance(value, int):
-        number = value
-    else:
-        match = _SIZE.match(str(value))
-        if match is None:
-            raise ValueError(f"invalid size {value!r}: use a number of bytes or B, KB, MB, GB, KiB, MiB, GiB")
-        number = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
-    if number < 1:
-        raise ValueError("a size must be at least 1 byte")
-    return number
-
-
-ByteSize = Annotated[int, BeforeValidator(_byte_size)]
+ByteSize = Annotated[int, BeforeValidator(parse_size)]
 
 
 class ScrapeSourceConfig(_Strict):

@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol
 from pydantic import Field, model_validator
 
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Holding, Outcome
-from actions.feature_flag.answers import FollowRedirects, ResponseSize
+from actions.feature_flag.answers import FollowRedirects
 from actions.feature_flag.backends import (
     Backend,
     BackendError,
@@ -42,6 +42,7 @@ from actions.feature_flag.backends import (
     HttpParams,
 )
 from actions.feature_flag.canary import Canary, CanaryParams
+from actions.sizes import ResponseSize
 from common.http import MAX_RESPONSE_SIZE
 from common.locks import named_lock
 from common.secrets import read_if_given

@@ -6,60 +6,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import aiohttp
-from pydantic import BeforeValidator
 from yarl import URL
 
-from common.http import MAX_RESPONSE_SIZE, TooLarge, read_limited, size_text
+from common.http import MAX_RESPONSE_SIZE, TooLarge, read_limited
 
 FollowRedirects = Literal["never", "same_origin"]
 MAX_REDIRECTS = 5  # hops followed at most, with ``same_origin``
 REDIRECTS = (301, 302, 303, 307, 308)
-SMALLEST_LIMIT = 1024  # a limit below this would refuse an ordinary error page
-LARGEST_LIMIT = 1 << 30
 QUOTE = 200  # of a body or a reason, the characters an outcome quotes
-
-_SIZE = re.compile(r"(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?")
-_UNITS = {
-    None: 1,
-    "B": 1,
-    "KiB": 1 << 10,
-    "MiB": 1 << 20,
-    "GiB": 1 << 30,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-}
-
-
-def response_size(value: Any) -> int:
-    """``max_response_size``: a number of bytes, or ``512KiB``, ``1MiB``, ``2 MB``. Raises
-    ValueError saying what is accepted."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"expected a size like 1MiB, 512KiB or a number of bytes, got {value!r}")
-    if isinstance(value, int):
-        size = value
-    else:
-        match = _SIZE.fullmatch(value.strip())
-        if match is None:
-            raise ValueError(
-                f"invalid size {value!r}: give a number of bytes, or one with a unit (B, KiB, MiB, GiB, "
-                "KB, MB, GB), e.g. 1MiB or 512KiB"
-            )
-        size = int(match.group(1)) * _UNITS[match.group(2)]
-    if not SMALLEST_LIMIT <= size <= LARGEST_LIMIT:
-        raise ValueError(
-            f"a size of {size:,} bytes is outside {size_text(SMALLEST_LIMIT)} to {size_text(LARGEST_LIMIT)}"
-        )
-    return size
-
-
-ResponseSize = Annotated[int, BeforeValidator(response_size)]
 
 
 class AnswerError(Exception):

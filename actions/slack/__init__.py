@@ -38,9 +38,10 @@ import time
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import ByteSize, Field, model_validator
+from pydantic import Field, model_validator
 
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome, RunOutcome
+from actions.sizes import ResponseSize
 from actions.slack import message
 from actions.slack import outbox as box
 from actions.slack.sending import EVENT_TYPE, find, posted, upload
@@ -67,7 +68,7 @@ class SlackParams(ActionParams):
     request_timeout: Duration = Field(10.0, gt=0)
     backoff: Duration = Field(5.0, gt=0)  # after a failed delivery; doubled each time
     max_backoff: Duration = Field(300.0, gt=0)  # also the longest Retry-After obeyed
-    max_response_size: ByteSize = Field(ByteSize(MAX_RESPONSE_SIZE), gt=0)  # of an answer's body
+    max_response_size: ResponseSize = MAX_RESPONSE_SIZE  # of an answer's body
     host: str | None = None  # shown in messages; default: this machine's name
 
     @model_validator(mode="after")

@@ -31,11 +31,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from actions.acceptance import SprtParams
 from actions.base import Action, ActionContext, ActionMemory, ActionParams, Budget, Holding, Outcome
 from actions.feature_flag import FeatureFlagAction
+from actions.sizes import ResponseSize
 from actions.vllm_restart import speculative
 from actions.vllm_restart.process import StatusCommandWatch, UnitWatch, Watch
 from actions.vllm_restart.server import NotReady, Server
@@ -91,7 +92,7 @@ class VllmRestartParams(ActionParams):
     ladder: tuple[int, ...]
     url: str = "http://127.0.0.1:8000"  # the vLLM server: /health, /version, /metrics
     # /health's and /version's bodies up to this size (over it, that check fails with the reason)
-    max_response_size: ByteSize = Field(ByteSize(MAX_RESPONSE_SIZE), ge=1024, le=2**30)
+    max_response_size: ResponseSize = MAX_RESPONSE_SIZE
     env_file: EnvFile | None = None
     vllm_config: VllmConfigFile | None = None
     unit: str | None = None  # systemctl --no-ask-password restart UNIT

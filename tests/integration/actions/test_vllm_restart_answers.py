@@ -148,9 +148,9 @@ def test_max_response_size_is_checked(tmp_path: Path) -> None:
     assert VllmRestartParams.model_validate(base).max_response_size == MiB
     assert VllmRestartParams.model_validate({**base, "max_response_size": "64KiB"}).max_response_size == 65536
     for value, why in (
-        ("lots", "could not parse value and unit"),
-        (0, "greater than or equal to 1024"),
-        ("2GiB", "less than or equal to 1073741824"),
+        ("lots", "invalid size 'lots': give a number of bytes, or one with a unit"),
+        (0, "a size of 0 bytes is outside 1 KiB to 1 GiB"),
+        ("2GiB", "a size of 2,147,483,648 bytes is outside 1 KiB to 1 GiB"),
     ):
         with pytest.raises(ValidationError, match=why) as caught:
             VllmRestartParams.model_validate({**base, "max_response_size": value})
