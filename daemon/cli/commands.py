@@ -887,6 +887,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
     from functools import partial
 
     from daemon.dispatch import silences
+    from daemon.dispatch.api import plain
     from daemon.store import StoreError, opened
     from rules.durations import parse_duration
 
@@ -895,7 +896,9 @@ def cmd_silence(args: argparse.Namespace) -> int:
         try:
             match = silences.parse_match(args.match)
             ends = now + parse_duration(args.duration)
-            silences.check(args.rule, match, now, ends, args.reason)
+            silences.check(args.rule, match, now, ends, args.reason, longest=math.inf)  # before the config
+            author = args.author or os.environ.get("SUDO_USER") or os.environ.get("USER") or "?"
+            plain("author", author, silences.MAX_NAME)
         except ValueError as exc:
             print(f"specguard silence add: {exc}", file=sys.stderr)
             return 2
@@ -903,6 +906,14 @@ def cmd_silence(args: argparse.Namespace) -> int:
     path = _state_database(args, "silence", loaded)
     if path is None:
         return 1
+    if args.verb == "add":
+        try:  # the longest silence is the config's (server.max_silence)
+            silences.check(
+                args.rule, match, now, ends, args.reason, longest=loaded[0].config.server.max_silence
+            )
+        except ValueError as exc:
+            print(f"specguard silence add: {exc}", file=sys.stderr)
+            return 2
     unmatched: list[str] = []
 
     async def act() -> Any:
@@ -914,10 +925,9 @@ def cmd_silence(args: argparse.Namespace) -> int:
                     unmatched.append(mistake)
                     if not args.force:
                         return None
-                author = args.author or os.environ.get("SUDO_USER") or os.environ.get("USER") or "?"
                 return await store.call(
-                    partial(silences.add, rule=args.rule, match=match, starts=now, ends=ends,
-                            reason=args.reason, author=author, now=now)
+                    partial(silences.add, rule=args.rule, match=match, starts=now, ends=ends, reason=args.reason,
+                            author=author, now=now, longest=loaded[0].config.server.max_silence)
                 )  # fmt: skip
             if args.verb == "expire":
                 return await store.call(partial(silences.expire, silence_id=args.id, now=now))

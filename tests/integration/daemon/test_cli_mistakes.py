@@ -174,3 +174,22 @@ async def test_silence_add_takes_a_rule_the_database_recorded_without_force(tmp_
                                      "my_team_rule", "--for", "1h", "--reason", "maintenance")  # fmt: skip
     assert (code, err) == (0, "")
     assert out.startswith("silence 1: rule my_team_rule, until ")
+
+
+async def test_silence_add_holds_to_the_configured_longest_silence_and_a_plain_author(tmp_path: Path) -> None:
+    config = setup(tmp_path)
+    await state_database(tmp_path)
+    add = ("silence", "add", "--config", str(config), "--rule", "acceptance_low", "--reason", "new draft")
+    code, out, err = await specguard(*add, "--for", "31d")
+    assert (code, out) == (2, "")
+    assert (
+        err
+        == "specguard silence add: for: 31d is longer than the longest silence, 30d (server.max_silence)\n"
+    )
+    config.write_text("state_dir: state\nrules: [rules.yaml]\nserver:\n  max_silence: 60d\n")
+    code, out, err = await specguard(*add, "--for", "31d")
+    assert (code, err) == (0, ""), err
+    assert out.startswith("silence 1: rule acceptance_low, until ")
+    code, out, err = await specguard(*add, "--for", "1h", "--author", "eve\x1b[2J")
+    assert (code, out) == (2, "")
+    assert err.startswith("specguard silence add: author: holds a control character (U+001B"), err
