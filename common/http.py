@@ -74,8 +74,13 @@ async def text_limited(response: _Response, limit: int = MAX_RESPONSE_SIZE) -> s
 async def json_limited(response: _Response, limit: int = MAX_RESPONSE_SIZE) -> Any:
     """The body as JSON, read with ``read_limited``; ValueError when it is not JSON. Non-finite
     numbers (``NaN``, ``Infinity``, ``1e999``) are refused: no answer can mean them."""
-    raw = await read_limited(response, limit)
-    return json.loads(raw.decode("utf-8", "replace"), parse_constant=_refuse, parse_float=_finite)
+    return strict_json((await read_limited(response, limit)).decode("utf-8", "replace"))
+
+
+def strict_json(text: str) -> Any:
+    """``text`` as JSON, refusing non-finite numbers (``NaN``, ``Infinity``, ``1e999``) with
+    ValueError as it refuses what is not JSON."""
+    return json.loads(text, parse_constant=_refuse, parse_float=_finite)
 
 
 def _refuse(name: str) -> Any:
@@ -85,7 +90,7 @@ def _refuse(name: str) -> Any:
 def _finite(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text} is not a finite number")
+        raise ValueError(f"{text[:40]} is not a finite number")
     return value
 
 

@@ -4,8 +4,6 @@ the same scheme, host and port, a few hops at most), and every answer saying whi
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -13,7 +11,7 @@ from typing import Any, Literal
 import aiohttp
 from yarl import URL
 
-from common.http import MAX_RESPONSE_SIZE, TooLarge, read_limited
+from common.http import MAX_RESPONSE_SIZE, TooLarge, read_limited, strict_json
 
 FollowRedirects = Literal["never", "same_origin"]
 MAX_REDIRECTS = 5  # hops followed at most, with ``same_origin``
@@ -58,23 +56,12 @@ class Answer:
         """The body as JSON; AnswerError when it is not JSON, or holds ``NaN``, ``Infinity`` or a
         number too large for a float (``1e999``): no answer can mean them."""
         try:
-            return json.loads(self.text(), parse_constant=_refuse, parse_float=_finite)
+            return strict_json(self.text())
         except ValueError as exc:  # JSONDecodeError among them
             reason = str(exc)[:QUOTE] or type(exc).__name__
             raise AnswerError(
                 f"{self.where} answered {self.status} with a body that is not JSON: {reason}"
             ) from None
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not a number an answer can mean")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:40]} is not a finite number")
-    return value
 
 
 async def fetch(

@@ -144,33 +144,27 @@ class Slack:
         token: the URL is the credential)."""
         if not url.startswith(("https://", "http://")):
             raise Retry(f"files.getUploadURLExternal: no upload URL in the answer: {url!r}"[:REASON_MAX])
-        try:
-            async with self.session.post(url, data=data, allow_redirects=False) as response:
-                _refuse_status(response, "the upload", await _reason(response, self.limit), self.cap)
-                await read_limited(response, self.limit)
-        except (Retry, Failed):
-            raise
-        except TooLarge as exc:
-            raise Retry(f"the upload: {exc}") from None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise Retry(f"the upload: {type(exc).__name__}: {exc}"[:REASON_MAX]) from None
+        await self._post("the upload", url, data=data)
 
     async def webhook(self, url: str, payload: dict[str, Any]) -> None:
         """Post through an incoming webhook, which answers ``ok`` as text (or a status with the
         error's name: 404 ``channel_not_found``, 403 ``action_prohibited``, ...)."""
+        await self._post(
+            "the webhook", url, data=json.dumps(payload), headers={"Content-Type": "application/json"}
+        )
+
+    async def _post(self, what: str, url: str, **kwargs: Any) -> None:
+        """A POST whose answer says only whether it worked: its status, its body read up to the limit."""
         try:
-            async with self.session.post(
-                url, data=json.dumps(payload), headers={"Content-Type": "application/json"},
-                allow_redirects=False,
-            ) as response:  # fmt: skip
-                _refuse_status(response, "the webhook", await _reason(response, self.limit), self.cap)
+            async with self.session.post(url, allow_redirects=False, **kwargs) as response:
+                _refuse_status(response, what, await _reason(response, self.limit), self.cap)
                 await read_limited(response, self.limit)
         except (Retry, Failed):
             raise
         except TooLarge as exc:
-            raise Retry(f"the webhook: {exc}") from None
+            raise Retry(f"{what}: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise Retry(f"the webhook: {type(exc).__name__}: {exc}"[:REASON_MAX]) from None
+            raise Retry(f"{what}: {type(exc).__name__}: {exc}"[:REASON_MAX]) from None
 
     def _retry_after(self, response: aiohttp.ClientResponse) -> float | None:
         return _after(response, self.cap)
