@@ -880,7 +880,7 @@ class Daemon:
             },
             "dry_run": self.loaded.config.dry_run,
             "last_evaluation": self.last_round,
-            "fallbacks": self.dispatcher.controller.shown,  # each flag: what it should be, and why
+            "fallbacks": self.dispatcher.controller.status(),  # each flag: should be, why, trouble
             "waiting": self.dispatcher.waiting,  # runs deferred or waiting for their time, and why
             "rules": self.rule_rows(),
         }
