@@ -28,6 +28,7 @@ from daemon.dispatch import Dispatcher, ladder, silences
 from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule, window_of
 from daemon.loading import Loaded, LoadedRule, load
+from daemon.overruns import Overruns
 from daemon.selfmetrics import DaemonMetrics
 from daemon.server import Webhook, start_server
 from daemon.sources.base import Source, SourceResult
@@ -114,6 +115,7 @@ class Daemon:
         self.rule_files = list(rule_files)
         self.overrides = dict(overrides or {})
         self.metrics = DaemonMetrics()
+        self.overruns = Overruns(self.metrics)
         self.metrics.show_baseline(loaded.baseline)
         self.metrics.show_rules(r.name for r in loaded.enabled_rules())
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
@@ -375,15 +377,7 @@ class Daemon:
             )
 
     def _on_overrun(self, event: JobExecutionEvent) -> None:
-        if not event.job_id.startswith(("scrape", "evaluate-")):
-            return
-        if event.job_id == "scrape":  # a slow target held the previous scrape: not a late round
-            self.metrics.scrapes_skipped.inc()
-            log.debug("scrape skipped: the previous one is still running")
-            return
-        interval = event.job_id.removeprefix("evaluate-")
-        self.metrics.overruns.labels(interval).inc()
-        log.warning("the %s rules skipped a round: the previous one was still running or late", interval)
+        self.overruns.skipped(event.job_id)  # counted; a late round logged once per episode
 
     async def _refresh(self) -> None:
         task = asyncio.current_task()
@@ -519,7 +513,8 @@ class Daemon:
             finally:
                 self._evaluated(item.name)  # a failed evaluation is a verdict too: it must not hold READY
         label = format_duration(interval) if interval else "all"
-        self.metrics.evaluation_duration.labels(label).observe(time.monotonic() - started)
+        self.metrics.evaluation_duration.labels(label).observe(took := time.monotonic() - started)
+        self.overruns.ran(label, took, interval)
         self.last_round = time.time()
         for each in [interval] if interval is not None else list(self.last_round_of):
             self.last_round_of[each] = self.last_round
