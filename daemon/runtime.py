@@ -227,8 +227,7 @@ class Daemon:
         self._spawn(self._catch_up_report())
         # Ready means serving and judging: the HTTP server listens (above) and every rule has been
         # evaluated once and its states stored, so what /api/status shows is real. A rule's
-        # actions run before the next rule is evaluated, each within its timeout: the unit's
-        # TimeoutStartSec leaves room for a first round that acts.
+        # actions run beside the rounds: a slow one holds back neither the first round nor READY.
         # A stop asked for meanwhile (SIGTERM during the first round) ends the wait.
         waits = [asyncio.ensure_future(event.wait()) for event in (self._first_rounds, self._stop)]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -621,7 +620,7 @@ class Daemon:
                 },
             )
         if records:  # runs to carry out, and runs the guards held back to log
-            await self.dispatcher.run(pending)
+            await self.dispatcher.run(pending, wait=False)  # carried out beside the round
 
     # --- Alertmanager ----------------------------------------------------------------------------
 
@@ -735,7 +734,7 @@ class Daemon:
         log.info("the state store can be written again: %s", self.store.path)
         self.store_error = None
         try:
-            await self.dispatcher.run()  # runs recorded before the store failed, still to do
+            await self.dispatcher.run(wait=False)  # runs recorded before the store failed, still to do
         except StoreError as exc:
             self._store_failed(str(exc))
 

@@ -21,19 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from actions import Action, ActionContext
 from actions.base import RunOutcome
 from actions.feature_flag import FeatureFlagAction
-from daemon.dispatch import guards
+from daemon.dispatch import guards, planning
 from daemon.dispatch.controller import Controller, Ended
 from daemon.dispatch.describe import describe, waiting
 from daemon.dispatch.holdings import Holdings
 from daemon.dispatch.memory import StoreMemory
-from daemon.dispatch.planning import planned_runs
 from daemon.dispatch.ticks import TICK_RETRY, Ticks, is_fatal
 from daemon.engine import Event
 from daemon.loading import LoadedRule
@@ -47,7 +46,6 @@ from daemon.store import (
     RunStatus,
     Store,
     StoreError,
-    transaction,
 )
 from rules.durations import format_wait
 
@@ -96,7 +94,9 @@ class Dispatcher:
         # Runs the guards held back, on the store's writer thread, to be logged and counted on
         # the event loop by the next run() (called once the events are stored).
         self._held: list[tuple[Event, PlannedRun]] = []
-        self._aside: set[asyncio.Task[None]] = set()  # long runs, carried out beside the rest
+        self._aside: set[asyncio.Task[None]] = set()  # runs carried out beside their caller
+        self._batches: set[asyncio.Task[None]] = set()  # of those, the runs of actions that tell
+        self._lanes: dict[str, asyncio.Lock] = {}  # one run of an action at a time
         # Each action's own work, beside the rest; when one is over the serve loop looks again.
         self._ticks = Ticks(store, lambda: self._actions, self.clock, self._ticked.set)
         store.memory_listeners.append(self._memory_changed)
@@ -154,7 +154,7 @@ class Dispatcher:
         """Decide what to do about ``event`` (nothing runs yet; the guards have the last word
         when it is stored)."""
         summary, annotations = describe(item, event)
-        runs = planned_runs(item, event, self.actions, self.dry_run)
+        runs = planning.planned_runs(item, event, self.actions, self.dry_run)
         for run in runs:
             if run.status == "skipped":
                 log.info(
@@ -172,11 +172,14 @@ class Dispatcher:
             trigger=event.trigger,
         )
 
-    async def run(self, ids: Sequence[int] | None = None) -> None:
+    async def run(self, ids: Sequence[int] | None = None, wait: bool = True) -> None:
         """Bring the flags in line with the rules' states, then carry out pending runs that are
-        due (``ids``, or every unfinished one)."""
+        due (``ids``, or every unfinished one), beside the caller: in their order, one at a time
+        per action (a long-running action's each on its own). ``wait``: until they are over (but
+        a long-running action's); an evaluation round does not wait."""
         self._report_held()
         self.reconcile()
+        batch: list[ActionRun] = []
         for run in await self.store.runs_to_do(ids, now=self.clock()):
             if run.id in self._in_flight:
                 continue  # carried out by another caller right now
@@ -185,21 +188,35 @@ class Dispatcher:
                 continue  # the controller's
             self._in_flight.add(run.id)
             if action is not None and action.long_running:
-                task = asyncio.get_running_loop().create_task(self._run_aside(run))
-                self._aside.add(task)
-                task.add_done_callback(self._aside.discard)
-                continue
-            try:
-                await self._run_one(run)
-            finally:
-                self._in_flight.discard(run.id)
+                self._beside(self._run_aside([run], lanes=False))
+            else:
+                batch.append(run)
+        if batch:
+            task = self._beside(self._run_aside(batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+            if wait:
+                await task
         self._due.set()  # restores may have been recorded, or put off: the waiting changes
 
-    async def _run_aside(self, run: ActionRun) -> None:
+    def _beside(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._aside.add(task)
+        task.add_done_callback(self._aside.discard)
+        return task
+
+    async def _run_aside(self, runs: Sequence[ActionRun], lanes: bool = True) -> None:
         try:
-            await self._run_one(run)
+            for run in runs:
+                async with (
+                    self._lanes.setdefault(run.action, asyncio.Lock()) if lanes else contextlib.nullcontext()
+                ):
+                    await self._run_one(run)
+        except StoreError as exc:  # left in the store as they were: carried out at a later step
+            log.debug("runs wait for the store: %s", exc)
         finally:
-            self._in_flight.discard(run.id)
+            for run in runs:
+                self._in_flight.discard(run.id)
             self._due.set()
 
     async def stop(self) -> None:
@@ -282,18 +299,7 @@ class Dispatcher:
 
     async def recheck(self) -> None:
         """Deferred runs looked at again: admitted (then carried out), deferred on, or skipped."""
-        now = self.clock()
-
-        def look(db: Any) -> list[guards.Rechecked]:
-            with transaction(db):
-                return guards.recheck(db, self.actions, self.rules, self.dry_run, now)
-
-        for changed in await self.store.call(look):
-            if changed.status == RunStatus.PENDING:
-                log.info("%s: %s may run now (was: %s)", changed.rule, changed.action, changed.reason)
-            elif changed.status == RunStatus.SKIPPED:
-                log.info("%s: not running %s (%s)", changed.rule, changed.action, changed.reason)
-                self.metrics.action_runs.labels(changed.action, "skipped").inc()
+        await planning.recheck(self.store, self.actions, self.rules, self.dry_run, self.clock(), self.metrics)
 
     async def step(self, settle: bool = True) -> None:
         """One tick of the dispatcher's own: deferrals looked at again, the flags reconciled, due
@@ -378,6 +384,8 @@ class Dispatcher:
             async with asyncio.timeout(grace):
                 await self._served.wait()
                 await self.settled()  # a flag's change under way finishes, or is cut off at ``grace``
+                if self._batches:  # so do the runs under way
+                    await asyncio.wait(list(self._batches))
 
     async def _serve(self) -> None:
         try:

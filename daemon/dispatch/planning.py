@@ -1,14 +1,20 @@
 """What an event asks of a rule's actions: the runs to record with it (nothing runs yet; the guards
-have the last word when it is stored)."""
+have the last word when it is stored); and the deferred runs looked at again."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from typing import Any
 
 from actions import Action
+from daemon.dispatch import guards
 from daemon.engine import Event, State
 from daemon.loading import LoadedRule
-from daemon.store import PlannedRun
+from daemon.selfmetrics import DaemonMetrics
+from daemon.store import PlannedRun, RunStatus, Store, transaction
+
+log = logging.getLogger("specguard.dispatcher")
 
 ACTIONABLE = (State.FIRING, State.RESOLVED)
 
@@ -43,3 +49,25 @@ def planned_runs(
         else:
             runs.append(PlannedRun(name, "pending", "", mode, not_before))
     return runs
+
+
+async def recheck(
+    store: Store,
+    actions: Mapping[str, Action],
+    rules: Mapping[str, LoadedRule],
+    dry_run: bool,
+    now: float,
+    metrics: DaemonMetrics,
+) -> None:
+    """Deferred runs looked at again: admitted (then carried out), deferred on, or skipped."""
+
+    def look(db: Any) -> list[guards.Rechecked]:
+        with transaction(db):
+            return guards.recheck(db, actions, rules, dry_run, now)
+
+    for changed in await store.call(look):
+        if changed.status == RunStatus.PENDING:
+            log.info("%s: %s may run now (was: %s)", changed.rule, changed.action, changed.reason)
+        elif changed.status == RunStatus.SKIPPED:
+            log.info("%s: not running %s (%s)", changed.rule, changed.action, changed.reason)
+            metrics.action_runs.labels(changed.action, "skipped").inc()
