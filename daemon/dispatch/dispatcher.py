@@ -6,8 +6,9 @@ the world and undo on their own (a ladder with ``step_up_after``), once the rule
 resolved that long. Every decision not to run now is recorded with its reason (the guards,
 ``daemon.dispatch.guards``): skipped for good, or deferred until a silence, a cooldown or the
 budget lets it go, looked at again on every tick. Runs are written to the store as ``pending``
-(or ``deferred``) in the same transaction as the state change, then carried out when due; a run
-interrupted by a crash is carried out after the restart (actions are idempotent).
+(or ``deferred``) in the same transaction as the state change, then carried out when due, beside
+the round that recorded them (in order, one run of an action at a time); a run interrupted by a
+crash is carried out after the restart (actions are idempotent).
 
 A feature flag is not run per event: its controller (``daemon.dispatch.controller``) derives what
 it should be from the rules' states on every tick and makes it so, recording its runs itself.
