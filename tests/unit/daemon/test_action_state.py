@@ -4,6 +4,7 @@ action's memory changes, an action's own bug shown rather than taking the status
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,12 @@ from actions.feature_flag import STATE_KEY as FLAG_KEY
 from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
 from actions.log import LogAction, LogParams
 from daemon import overview
+from daemon.cli.status import print_view
 from daemon.dispatch import Dispatcher
 from daemon.dispatch.memory import StoreMemory
+from daemon.page import status_page
 from daemon.selfmetrics import DaemonMetrics
+from daemon.statusview import build
 from daemon.store import Store
 
 
@@ -102,3 +106,24 @@ async def test_failing_work_is_a_gauge_per_action_kept_up_to_date(store: Store, 
     d.actions = {"log": LogAction("log", LogParams(type="log"))}  # a reload: the others are gone
     await d.show_holdings(["oncall", "fallback"])
     assert (failing(d, "oncall"), failing(d, "fallback"), failing(d, "log")) == (None, None, 0)
+
+
+async def test_the_page_and_the_text_show_what_an_action_says(store: Store, tmp_path: Path) -> None:
+    await StoreMemory(store, "oncall").update(
+        "box", lambda _: {"backlog": 2, "failed": 1, "error": "chat.postMessage: <channel_not_found>"}
+    )
+    now = time.time()
+    doc = await overview.gather({"rules": [], "now": now}, (True, {}), store, actions(tmp_path), now, now)
+    view = build(doc)
+    html = status_page(view)
+    assert '<section id="actions">' in html
+    assert "2 waiting, 1 failed; last error: chat.postMessage: &lt;channel_not_found&gt;" in html
+    assert "action oncall is failing: 2 waiting, 1 failed" in html  # among the problems at the top
+    out = io.StringIO()
+    print_view(view, "http://127.0.0.1:9464", out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith(": degraded, none firing")
+    (row,) = [line for line in lines[lines.index("Actions") :] if line.split()[:1] == ["oncall"]]
+    assert row.split()[:2] == ["oncall", "outbox"] and row.endswith(
+        "last error: chat.postMessage: <channel_not_found>"
+    )
