@@ -53,6 +53,7 @@ from rules.durations import format_wait
 log = logging.getLogger("specguard.dispatcher")
 
 STORE_RETRY = 5.0  # seconds before a step the store refused is tried again
+IN_FLIGHT_LOOK = 1.0  # seconds between looks while the runs that are due are being carried out
 # What specguard_action_runs_total counts runs under. Each action's are exported from 0: a counter
 # that first appears at 1 is an increase Prometheus never sees (increase() over it reads 0).
 RUN_STATUSES = ("ok", "failed", "skipped", "deferred", "retry")
@@ -307,7 +308,7 @@ class Dispatcher:
         runs carried out, the actions' own work. ``settle``: also wait for the flags' controllers
         and the actions' own work (a test's tick; the serve loop waits for neither)."""
         await self.recheck()
-        await self.run()
+        await self.run(wait=settle)
         if settle:
             await self.settled()
         await self.tick(wait=settle)
@@ -414,6 +415,8 @@ class Dispatcher:
                 due = await self.store.next_due()
             except StoreError:
                 due = self.clock() + STORE_RETRY
+            if due is not None and due <= self.clock() and self._in_flight:
+                due = self.clock() + IN_FLIGHT_LOOK  # under way, or waiting for its action: not at once
             wants = [due, retry, self._ticks.next, *self._next_look.values()]
             soonest = min((t for t in wants if t is not None), default=None)
             wait = None if soonest is None else max(0.0, soonest - self.clock())

@@ -109,3 +109,68 @@ async def test_a_hung_outbox_holds_back_no_other_actions_restore(store: Store) -
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         await d.stop()
+
+
+class Hanging(Action):
+    """A world-changing action whose run hangs (its dependency never answers)."""
+
+    type = "hanging"
+    changes_world = True
+    calls: ClassVar[list[str]] = []
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        Hanging.calls.append("run")
+        await asyncio.sleep(3600)
+        return Outcome(True, "done")
+
+    async def restore(self, ctx: ActionContext) -> Outcome:
+        Hanging.calls.append("restore")
+        return Outcome(True, "restored")
+
+
+async def test_a_run_due_behind_a_hung_run_of_its_action_waits_without_spinning(store: Store) -> None:
+    """The restore is due at once, but its action is busy with a run that hangs: the loop looks
+    again now and then, not in a tight loop, and the restore comes after the run."""
+    Hanging.calls = []
+    d = Dispatcher(store, {"hanging": Hanging("hanging", ActionParams(type="hanging", timeout=120.0))}, False,
+                   DaemonMetrics())  # fmt: skip
+    asked = 0
+    real = store.next_due
+
+    async def next_due() -> float | None:
+        nonlocal asked
+        asked += 1
+        return await real()
+
+    store.next_due = next_due  # type: ignore[method-assign]
+    item = LoadedRule(
+        Rule.model_validate(
+            {"name": "low", "signal": "acceptance_rate", "condition": "< 0.5", "actions": ["hanging"]}
+        ),
+        "rules.yaml",
+        2,
+    )
+    serving = asyncio.create_task(d.serve())
+    try:
+        state = SeriesState(labels={}, state=State.FIRING, since=time.time())
+        pending = await store.commit_evaluation(
+            "low", {"{}": state}, [d.record(item, event(State.FIRING, time.time()))]
+        )
+        await d.run(pending, wait=False)
+        deadline = time.monotonic() + HANG_GUARD
+        while Hanging.calls != ["run"]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        state = SeriesState(labels={}, state=State.RESOLVED, since=time.time())
+        pending = await store.commit_evaluation(
+            "low", {"{}": state}, [d.record(item, event(State.RESOLVED, time.time()))]
+        )
+        await d.run(pending, wait=False)
+        asked = 0
+        await asyncio.sleep(2.0)
+        assert asked < 20, f"the loop asked for the next due run {asked} times in 2 s"
+        assert Hanging.calls == ["run"]  # the restore waits for the run under way
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await d.stop()
