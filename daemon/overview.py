@@ -1,9 +1,10 @@
 """The daemon's whole state as one document: what ``/api/status`` returns, ``specguard status``
 prints and the page at ``/`` shows.
 
-The runtime's own view (rules, targets, the flags' plans, the runs that wait) is in memory; what
-lives in the store is read here: the silences in force or to come, what each feature flag was
-last confirmed to be, each ladder's k. A store that cannot be read leaves those parts out, with
+The runtime's own view (rules, targets, the flags' plans and trouble, the runs that wait) is in
+memory; what lives in the store is read here: the silences in force or to come, what each feature
+flag was last confirmed to be, each ladder's k, and what every action says of itself
+(``Action.state``: a notifier's backlog and last error). A store that cannot be read leaves those parts out, with
 the reason, and the rest is still shown.
 """
 
@@ -63,7 +64,15 @@ async def gather(
         problems.append(f"silences: {_why(exc)}")
     fallbacks = {name: dict(shown) for name, shown in status.get("fallbacks", {}).items()}
     ladders: list[dict[str, Any]] = []
+    shown: dict[str, Any] = {}
     for name, action in sorted(actions.items()):
+        shown[name] = {"type": action.type, "state": None}
+        try:  # an action that says what it knows without asking the store answers even past the deadline
+            async with asyncio.timeout_at(deadline):
+                shown[name]["state"] = await _state(name, action, store)
+        except (StoreError, TimeoutError) as exc:
+            problems.append(f"{name}: {_why(exc)}")
+            continue
         if not isinstance(action, FeatureFlagAction | VllmRestartAction):
             continue
         if loop.time() >= deadline:  # the store has had its time: not asked again
@@ -76,6 +85,7 @@ async def gather(
             problems.append(f"{name}: {_why(exc)}")
     out["fallbacks"] = fallbacks
     out["ladders"] = ladders
+    out["actions"] = shown  # each action's type and what it says of itself (Action.state)
     if problems:
         out["store"]["read_error"] = "; ".join(problems)
     return out
@@ -91,9 +101,25 @@ async def _action_part(
             name, {"should_be": None, "why": "not looked at yet", "holders": [], "restore_at": None}
         )
         plan["is"], plan["is_since"] = record["state"], record.get("since")
+        # writes failed in a row (reset once one is confirmed); canary probes that kept it engaged
+        plan["failures"], plan["canary_failures"] = record["failures"], record["canary_failures"]
+        if plan.get("next_try") is None and record.get("next_try") is not None:
+            plan["next_try"] = record["next_try"]  # a change recorded on no event (a drain's)
     elif isinstance(action, VllmRestartAction):
         shown = await action.show(StoreMemory(store, name))
         ladders.append({**shown, "log": shown["log"][-LADDER_LOG:]})
+
+
+async def _state(name: str, action: Action, store: Store) -> dict[str, Any] | str:
+    """What the action says of itself, as JSON values; or why it could not say (its own error,
+    shown as text; the store's goes on to the caller)."""
+    try:
+        state = await action.state(StoreMemory(store, name))
+    except (StoreError, TimeoutError):
+        raise
+    except Exception as exc:  # an action's bug must not take the status down
+        return f"cannot be read: {type(exc).__name__}: {exc}"
+    return dict(state)
 
 
 def _why(exc: Exception) -> str:

@@ -28,6 +28,7 @@ from daemon.dispatch import Dispatcher, ladder, silences
 from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
 from daemon.evaluation import evaluate_rule, window_of
 from daemon.loading import Loaded, LoadedRule, load
+from daemon.overruns import Overruns
 from daemon.selfmetrics import DaemonMetrics
 from daemon.server import Webhook, start_server
 from daemon.sources.base import Source, SourceResult
@@ -114,6 +115,7 @@ class Daemon:
         self.rule_files = list(rule_files)
         self.overrides = dict(overrides or {})
         self.metrics = DaemonMetrics()
+        self.overruns = Overruns(self.metrics)
         self.metrics.show_baseline(loaded.baseline)
         self.metrics.show_rules(r.name for r in loaded.enabled_rules())
         self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
@@ -225,8 +227,7 @@ class Daemon:
         self._spawn(self._catch_up_report())
         # Ready means serving and judging: the HTTP server listens (above) and every rule has been
         # evaluated once and its states stored, so what /api/status shows is real. A rule's
-        # actions run before the next rule is evaluated, each within its timeout: the unit's
-        # TimeoutStartSec leaves room for a first round that acts.
+        # actions run beside the rounds: a slow one holds back neither the first round nor READY.
         # A stop asked for meanwhile (SIGTERM during the first round) ends the wait.
         waits = [asyncio.ensure_future(event.wait()) for event in (self._first_rounds, self._stop)]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -375,15 +376,7 @@ class Daemon:
             )
 
     def _on_overrun(self, event: JobExecutionEvent) -> None:
-        if not event.job_id.startswith(("scrape", "evaluate-")):
-            return
-        if event.job_id == "scrape":  # a slow target held the previous scrape: not a late round
-            self.metrics.scrapes_skipped.inc()
-            log.debug("scrape skipped: the previous one is still running")
-            return
-        interval = event.job_id.removeprefix("evaluate-")
-        self.metrics.overruns.labels(interval).inc()
-        log.warning("the %s rules skipped a round: the previous one was still running or late", interval)
+        self.overruns.skipped(event.job_id)  # counted; a late round logged once per episode
 
     async def _refresh(self) -> None:
         task = asyncio.current_task()
@@ -519,7 +512,8 @@ class Daemon:
             finally:
                 self._evaluated(item.name)  # a failed evaluation is a verdict too: it must not hold READY
         label = format_duration(interval) if interval else "all"
-        self.metrics.evaluation_duration.labels(label).observe(time.monotonic() - started)
+        self.metrics.evaluation_duration.labels(label).observe(took := time.monotonic() - started)
+        self.overruns.ran(label, took, interval)
         self.last_round = time.time()
         for each in [interval] if interval is not None else list(self.last_round_of):
             self.last_round_of[each] = self.last_round
@@ -626,7 +620,7 @@ class Daemon:
                 },
             )
         if records:  # runs to carry out, and runs the guards held back to log
-            await self.dispatcher.run(pending)
+            await self.dispatcher.run(pending, wait=False)  # carried out beside the round
 
     # --- Alertmanager ----------------------------------------------------------------------------
 
@@ -740,7 +734,7 @@ class Daemon:
         log.info("the state store can be written again: %s", self.store.path)
         self.store_error = None
         try:
-            await self.dispatcher.run()  # runs recorded before the store failed, still to do
+            await self.dispatcher.run(wait=False)  # runs recorded before the store failed, still to do
         except StoreError as exc:
             self._store_failed(str(exc))
 
@@ -880,7 +874,7 @@ class Daemon:
             },
             "dry_run": self.loaded.config.dry_run,
             "last_evaluation": self.last_round,
-            "fallbacks": self.dispatcher.controller.shown,  # each flag: what it should be, and why
+            "fallbacks": self.dispatcher.controller.status(),  # each flag: should be, why, trouble
             "waiting": self.dispatcher.waiting,  # runs deferred or waiting for their time, and why
             "rules": self.rule_rows(),
         }

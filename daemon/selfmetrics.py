@@ -127,6 +127,13 @@ class DaemonMetrics:
                 registry=r,
             ),
         }
+        self.failing = Gauge(
+            "specguard_action_failing",
+            "How much of an action's work is failing now: a notifier's notices failed for good, a "
+            "feature_flag's writes failed in a row (0: none)",
+            ["action"],
+            registry=r,
+        )
         self.baseline = Gauge(
             "specguard_baseline",
             "The loaded baseline file's values by entry and signal (model_name, instance: empty when "
@@ -144,6 +151,14 @@ class DaemonMetrics:
                     gauge.remove(action)
             else:
                 gauge.labels(action).set(float(value))
+
+    def show_failing(self, action: str, count: float | None) -> None:
+        """``count`` of the action's work is failing now; None: the action is gone (its gauge too)."""
+        if count is None:
+            with contextlib.suppress(KeyError):
+                self.failing.remove(action)
+        else:
+            self.failing.labels(action).set(count)
 
     def show_rules(self, rules: Iterable[str]) -> None:
         """Export each rule's event counters from 0, one per state an event enters: a counter that

@@ -31,7 +31,8 @@ class Condition(StrEnum):
     """What the daemon's state comes to, worst first."""
 
     UNHEALTHY = "unhealthy"  # not doing its job: rounds late, or the store cannot be written
-    DEGRADED = "degraded"  # running, but blind somewhere: a target down, a rule in error
+    DEGRADED = "degraded"  # running, but blind or failing somewhere: a target down, a rule in
+    # error, a feature flag whose writes fail, an action whose work fails (notices failed for good)
     HEALTHY = "healthy"
 
 
@@ -102,6 +103,7 @@ def build(status: Mapping[str, Any]) -> View:
     ]
     in_error = sorted({row["rule"] for row in status["rules"] if row.get("verdict") == "error"})
     blind += [f"rule {name} is in error" for name in in_error]
+    blind += failing(status, now)
     problems += blind
     condition = Condition.UNHEALTHY if unhealthy else Condition.DEGRADED if blind else Condition.HEALTHY
     return View(
@@ -112,6 +114,7 @@ def build(status: Mapping[str, Any]) -> View:
             _targets(status, targets, now),
             _rules(status["rules"], now),
             _fallbacks(status.get("fallbacks") or {}, now),
+            _actions(status.get("actions"), now),
             _waiting(status.get("waiting") or [], now),
             _silences(status.get("silences"), status.get("store") or {}, now),
             _ladders(status.get("ladders")),
@@ -316,6 +319,8 @@ def _fallbacks(fallbacks: Mapping[str, Mapping[str, Any]], now: float) -> Sectio
         holders = list(flag.get("holders") or [])
         if len(holders) > 3:  # the reason names three
             notes.append("held by " + ", ".join(holders))
+        if flag.get("failing_since") is not None:
+            notes.append(_trouble(flag, now))
         rows.append(
             Row(
                 (
@@ -329,6 +334,77 @@ def _fallbacks(fallbacks: Mapping[str, Mapping[str, Any]], now: float) -> Sectio
         )
     header = ("ACTION", "IS", "SHOULD BE", "RESTORE AT (UTC)")
     return Section("Fallbacks", header, tuple(rows), "no feature_flag action")
+
+
+def _trouble(flag: Mapping[str, Any], now: float) -> str:
+    """``changes failing since 14:03:10 (3m ago), 4 writes failed in a row; last error 14:05:40
+    (1m ago): engage: PUT ... answered 500; next try 14:07:00 (in 20s)``."""
+    counts = []
+    if flag.get("failures"):
+        counts.append(f"{flag['failures']} write(s) failed in a row")
+    if flag.get("canary_failures"):
+        counts.append(f"{flag['canary_failures']} canary probe(s) kept it engaged")
+    parts = [
+        f"changes failing since {clock(flag.get('failing_since'), now)}" + "".join(f", {c}" for c in counts)
+    ]
+    if flag.get("last_error"):
+        parts.append(f"last error {clock(flag.get('last_error_at'), now)}: {flag['last_error']}")
+    if flag.get("next_try") is not None:
+        parts.append(f"next try {clock(flag['next_try'], now)}")
+    return "; ".join(parts)
+
+
+def failing(status: Mapping[str, Any], now: float) -> list[str]:
+    """What fails among the actions, one line each: a feature flag whose writes fail (a canary that
+    keeps a fallback engaged is its job, not a failure), an action that says it is failing."""
+    out = []
+    for name, flag in sorted((status.get("fallbacks") or {}).items()):
+        if flag.get("failures"):
+            out.append(f"fallback {name} cannot be written: {flag.get('last_error') or 'no reason given'}")
+    for name, action in sorted((status.get("actions") or {}).items()):
+        state = action.get("state")
+        if isinstance(state, Mapping) and state.get("failing"):
+            out.append(f"action {name} is failing: {state_text(state, now)}")
+    return out
+
+
+def state_text(state: Mapping[str, Any], now: float) -> str:
+    """What an action says of itself (``Action.state``), in words: ``3 waiting, 1 failed; last error
+    14:05:40 (1m ago): channel_not_found; next try 14:07:00 (in 20s)``; keys not known here as
+    ``key: value``."""
+    counts = []
+    if isinstance(state.get("backlog"), int) and not isinstance(state.get("backlog"), bool):
+        counts.append(f"{state['backlog']} waiting")
+    failed = state.get("failing")
+    if isinstance(failed, bool):
+        counts.append("failing" if failed else "not failing")
+    elif isinstance(failed, int | float):
+        counts.append(f"{number(failed)} failed")
+    parts = [", ".join(counts)] if counts else []
+    if state.get("last_error"):
+        at = f" {clock(state['last_error_at'], now)}" if state.get("last_error_at") is not None else ""
+        parts.append(f"last error{at}: {state['last_error']}")
+    if state.get("next_try") is not None:
+        parts.append(f"next try {clock(state['next_try'], now)}")
+    known = {"backlog", "failing", "last_error", "last_error_at", "next_try"}
+    parts += [f"{key}: {number(value)}" for key, value in sorted(state.items()) if key not in known]
+    return "; ".join(parts) or "-"
+
+
+def _actions(actions: Mapping[str, Mapping[str, Any]] | None, now: float) -> Section:
+    header = ("ACTION", "TYPE", "STATE")
+    if actions is None:
+        return Section("Actions", header, (), "unknown", "not shown: this daemon does not report its actions")
+    rows = []
+    for name, action in sorted(actions.items()):
+        state = action.get("state")
+        if isinstance(state, Mapping):
+            text = state_text(state, now)
+            tone = Tone.BAD if state.get("failing") else Tone.WARN if state.get("last_error") else Tone.PLAIN
+        else:  # not read: the store did not answer, or the action could not say
+            text, tone = ("-" if state is None else str(state)), Tone.MUTED
+        rows.append(Row((Cell(name), Cell(str(action.get("type", "?"))), Cell(text, tone))))
+    return Section("Actions", header, tuple(rows), "no action is configured")
 
 
 def _waiting(waiting: Sequence[Mapping[str, Any]], now: float) -> Section:

@@ -35,7 +35,7 @@ class Exit(IntEnum):
     USAGE = 2  # a bad option, or a config whose server section cannot be read
     UNREACHABLE = 3  # nothing answers at the address: not running, another port, a firewall
     NOT_SPECGUARD = 4  # something answers, but not with a specguard daemon's status
-    DEGRADED = 5  # the daemon runs, but a target is down or a rule is in error
+    DEGRADED = 5  # the daemon runs, but a target is down, a rule is in error or an action is failing
 
 
 EXIT_OF = {
@@ -56,14 +56,16 @@ class NotSpecguard(Exception):
 def add_parser(sub: Any, add_config: Callable[[argparse.ArgumentParser], None]) -> None:
     status = sub.add_parser(
         "status",
-        help="the running daemon's own view: health, targets, rules, fallbacks, silences, ladders",
+        help="the running daemon's own view: health, targets, rules, fallbacks, actions, silences, ladders",
         description="Ask the running daemon (its /api/status) what it sees now: its health, each "
         "target, each rule's state per series with value, threshold, verdict and since when, the "
-        "fallbacks and what holds them, the runs that wait and why, the silences, the ladders' k "
-        "and the store. The page at the daemon's / shows the same.",
+        "fallbacks and what holds them (or why they cannot be written), what each action says of "
+        "itself (a notifier's backlog and last error), the runs that wait and why, the silences, "
+        "the ladders' k and the store. The page at the daemon's / shows the same.",
         epilog="exit codes: 0 healthy; 1 unhealthy (rounds late, or the store cannot be written); "
         "2 usage; 3 the daemon does not answer; 4 what answers is not a specguard daemon; "
-        "5 degraded (a target down, or a rule in error).",
+        "5 degraded (a target down, a rule in error, or an action failing: a flag that cannot be "
+        "written, notices failed for good).",
     )
     add_config(status)
     status.add_argument(

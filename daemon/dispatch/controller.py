@@ -46,6 +46,14 @@ class Controller:
         self._ended = ended
         self._read_at: dict[str, float] = {}  # when each flag was last read back from the world
         self.shown: dict[str, dict[str, object]] = {}  # each flag's last plan, for /api/status
+        # Each flag whose last change failed: since when its changes fail, the last error and when,
+        # the next try. Gone once a change is done.
+        self.trouble: dict[str, dict[str, object]] = {}
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Each flag as /api/status shows it: what it should be and why, and its trouble if any."""
+        quiet = {"failing_since": None, "last_error": None, "last_error_at": None, "next_try": None}
+        return {name: {**shown, **quiet, **self.trouble.get(name, {})} for name, shown in self.shown.items()}
 
     async def reconcile(
         self, flag: FeatureFlagAction, rules: Mapping[str, LoadedRule]
@@ -103,11 +111,20 @@ class Controller:
     async def _record(self, flag: FeatureFlagAction, run: fallback.Run, outcome: Outcome) -> None:
         what = "restore" if run.mode == RunMode.RESTORE else "engage"
         if outcome.ok:
+            self.trouble.pop(flag.name, None)
             if run.id:
                 await self.store.finish_run(run.id, "ok", outcome.detail)
             await self._ended(flag, Ended(run.id, run.mode, "ok", outcome.detail))
             return
         wait = outcome.retry_after if outcome.retry_after is not None else flag.flag.retry_backoff
+        now = self.clock()
+        since = self.trouble.get(flag.name, {}).get("failing_since", now)
+        self.trouble[flag.name] = {
+            "failing_since": since,
+            "last_error": f"{what}: {outcome.detail}",
+            "last_error_at": now,
+            "next_try": now + wait,
+        }
         if run.id:
             await self.store.retry_run(run.id, outcome.detail, self.clock() + wait)
         else:

@@ -6,15 +6,15 @@ the world and undo on their own (a ladder with ``step_up_after``), once the rule
 resolved that long. Every decision not to run now is recorded with its reason (the guards,
 ``daemon.dispatch.guards``): skipped for good, or deferred until a silence, a cooldown or the
 budget lets it go, looked at again on every tick. Runs are written to the store as ``pending``
-(or ``deferred``) in the same transaction as the state change, then carried out when due; a run
-interrupted by a crash is carried out after the restart (actions are idempotent).
+(or ``deferred``) in the same transaction as the state change, then carried out when due, beside
+the round that recorded them (in order, one run of an action at a time); a run interrupted by a
+crash is carried out after the restart (actions are idempotent).
 
 A feature flag is not run per event: its controller (``daemon.dispatch.controller``) derives what
 it should be from the rules' states on every tick and makes it so, recording its runs itself.
 
-What each action holds in the world (a fallback engaged, vLLM's k) is shown on the daemon's
-``/metrics``: read from the store when the dispatcher starts serving, again whenever an action's
-memory changes (whoever changed it), and for every action when the actions are replaced (a reload).
+Each action's own work (``tick``: an outbox) is carried out beside the rest (``daemon.dispatch.ticks``),
+and what each holds in the world is shown on ``/metrics`` (``daemon.dispatch.holdings``).
 """
 
 from __future__ import annotations
@@ -22,18 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from actions import Action, ActionContext
 from actions.base import RunOutcome
 from actions.feature_flag import FeatureFlagAction
-from daemon.dispatch import guards
+from daemon.dispatch import guards, planning
 from daemon.dispatch.controller import Controller, Ended
 from daemon.dispatch.describe import describe, waiting
+from daemon.dispatch.holdings import Holdings
 from daemon.dispatch.memory import StoreMemory
-from daemon.engine import Event, State
+from daemon.dispatch.ticks import TICK_RETRY, Ticks, is_fatal
+from daemon.engine import Event
 from daemon.loading import LoadedRule
 from daemon.selfmetrics import DaemonMetrics
 from daemon.store import (
@@ -45,15 +47,13 @@ from daemon.store import (
     RunStatus,
     Store,
     StoreError,
-    transaction,
 )
 from rules.durations import format_wait
 
 log = logging.getLogger("specguard.dispatcher")
 
-ACTIONABLE = (State.FIRING, State.RESOLVED)
-TICK_RETRY = 30.0  # seconds before an action's own work that raised is tried again
 STORE_RETRY = 5.0  # seconds before a step the store refused is tried again
+IN_FLIGHT_LOOK = 1.0  # seconds between looks while the runs that are due are being carried out
 # What specguard_action_runs_total counts runs under. Each action's are exported from 0: a counter
 # that first appears at 1 is an increase Prometheus never sees (increase() over it reads 0).
 RUN_STATUSES = ("ok", "failed", "skipped", "deferred", "retry")
@@ -84,8 +84,7 @@ class Dispatcher:
         # The runs that wait (deferred, or pending until a time), as /api/status shows them.
         self.waiting: list[dict[str, Any]] = []
         self._actions: dict[str, Action] = {}
-        self._holdings_stale: set[str] = set()  # actions whose holding /metrics shows may be old
-        self._holdings_due = asyncio.Event()
+        self._holdings = Holdings(store, metrics, lambda: self._actions)
         self.actions = dict(actions)
         self.dry_run = dry_run
         # Called after each run with (run, status, detail): how an embedding program (the demo)
@@ -93,12 +92,15 @@ class Dispatcher:
         self.on_run: list[Callable[[ActionRun, str, str], None]] = []
         self._in_flight: set[int] = set()  # runs being carried out now
         self._due = asyncio.Event()  # set when runs were recorded: the waiting may change
+        self._ticked = asyncio.Event()  # set when an action's own work ended: its next time may change
         # Runs the guards held back, on the store's writer thread, to be logged and counted on
         # the event loop by the next run() (called once the events are stored).
         self._held: list[tuple[Event, PlannedRun]] = []
-        self._next_tick: float | None = None  # when an action next has work of its own
-        self._aside: set[asyncio.Task[None]] = set()  # long runs, carried out beside the rest
-        self._ticking: set[str] = set()  # long-running actions whose tick is under way aside
+        self._aside: set[asyncio.Task[None]] = set()  # runs carried out beside their caller
+        self._batches: set[asyncio.Task[None]] = set()  # of those, the runs of actions that tell
+        self._lanes: dict[str, asyncio.Lock] = {}  # one run of an action at a time
+        # Each action's own work, beside the rest; when one is over the serve loop looks again.
+        self._ticks = Ticks(store, lambda: self._actions, self.clock, self._ticked.set)
         store.memory_listeners.append(self._memory_changed)
 
     @property
@@ -109,9 +111,8 @@ class Dispatcher:
     def actions(self, actions: Mapping[str, Action]) -> None:
         # New instances (a reload): each may read its holding differently (another flag file),
         # and the gauges of an action no longer configured must go.
-        self._holdings_stale.update(self._actions, actions)
+        self._holdings.mark([*self._actions, *actions])
         self._actions = dict(actions)
-        self._holdings_due.set()
         for name, action in self._actions.items():
             for status in RUN_STATUSES:
                 self.metrics.action_runs.labels(name, status)
@@ -125,31 +126,11 @@ class Dispatcher:
         self.rules = {item.name: item for item in rules}
 
     def _memory_changed(self, action: str) -> None:
-        self._holdings_stale.add(action)
-        self._holdings_due.set()
+        self._holdings.mark([action])
 
     async def show_holdings(self, names: Sequence[str] | None = None) -> None:
         """Show on /metrics what the actions ``names`` (default: all) hold now, from the store."""
-        for name in list(self._actions) if names is None else names:
-            action = self._actions.get(name)
-            if action is None:
-                self.metrics.show_holding(name, None)
-                continue
-            try:
-                holding = await action.holding(StoreMemory(self.store, name))
-            except Exception as exc:  # the last value stays; the next change reads it again
-                log.warning("action %s: cannot read what it holds: %s: %s", name, type(exc).__name__, exc)
-                continue
-            self.metrics.show_holding(name, holding)
-
-    async def _show_holdings_when_stale(self) -> None:
-        # The first pass shows every action (the setter in __init__ marked them all): what a previous
-        # process left in the store, a flag engaged before a restart included.
-        while True:
-            await self._holdings_due.wait()
-            self._holdings_due.clear()
-            stale, self._holdings_stale = self._holdings_stale, set()
-            await self.show_holdings(sorted(stale))
+        await self._holdings.show(names)
 
     @property
     def guard(self) -> Guard:
@@ -175,30 +156,7 @@ class Dispatcher:
         """Decide what to do about ``event`` (nothing runs yet; the guards have the last word
         when it is stored)."""
         summary, annotations = describe(item, event)
-        runs: list[PlannedRun] = []
-        if event.kind in ACTIONABLE:
-            for name in item.rule.actions:
-                action = self.actions.get(name)
-                if action is not None and action.reconciled and not (item.rule.shadow or self.dry_run):
-                    continue  # its controller answers every firing from the rules' states
-                if (
-                    event.kind is State.RESOLVED
-                    and action is not None
-                    and action.changes_world
-                    and not action.restores
-                ):
-                    continue  # it undoes nothing when the rule resolves (a ladder steps up by hand)
-                restore = event.kind is State.RESOLVED and action is not None and action.restores
-                mode = "restore" if restore else "run"
-                not_before = event.at + action.restore_delay if restore and action is not None else None
-                if item.rule.shadow:
-                    runs.append(
-                        PlannedRun(name, "skipped", "shadow rule: evaluated and recorded, never acts", mode)
-                    )
-                elif self.dry_run:
-                    runs.append(PlannedRun(name, "skipped", "dry run", mode))
-                else:
-                    runs.append(PlannedRun(name, "pending", "", mode, not_before))
+        runs = planning.planned_runs(item, event, self.actions, self.dry_run)
         for run in runs:
             if run.status == "skipped":
                 log.info(
@@ -216,11 +174,14 @@ class Dispatcher:
             trigger=event.trigger,
         )
 
-    async def run(self, ids: Sequence[int] | None = None) -> None:
+    async def run(self, ids: Sequence[int] | None = None, wait: bool = True) -> None:
         """Bring the flags in line with the rules' states, then carry out pending runs that are
-        due (``ids``, or every unfinished one)."""
+        due (``ids``, or every unfinished one), beside the caller: in their order, one at a time
+        per action (a long-running action's each on its own). ``wait``: until they are over (but
+        a long-running action's); an evaluation round does not wait."""
         self._report_held()
         self.reconcile()
+        batch: list[ActionRun] = []
         for run in await self.store.runs_to_do(ids, now=self.clock()):
             if run.id in self._in_flight:
                 continue  # carried out by another caller right now
@@ -229,21 +190,35 @@ class Dispatcher:
                 continue  # the controller's
             self._in_flight.add(run.id)
             if action is not None and action.long_running:
-                task = asyncio.get_running_loop().create_task(self._run_aside(run))
-                self._aside.add(task)
-                task.add_done_callback(self._aside.discard)
-                continue
-            try:
-                await self._run_one(run)
-            finally:
-                self._in_flight.discard(run.id)
+                self._beside(self._run_aside([run], lanes=False))
+            else:
+                batch.append(run)
+        if batch:
+            task = self._beside(self._run_aside(batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+            if wait:
+                await task
         self._due.set()  # restores may have been recorded, or put off: the waiting changes
 
-    async def _run_aside(self, run: ActionRun) -> None:
+    def _beside(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._aside.add(task)
+        task.add_done_callback(self._aside.discard)
+        return task
+
+    async def _run_aside(self, runs: Sequence[ActionRun], lanes: bool = True) -> None:
         try:
-            await self._run_one(run)
+            for run in runs:
+                async with (
+                    self._lanes.setdefault(run.action, asyncio.Lock()) if lanes else contextlib.nullcontext()
+                ):
+                    await self._run_one(run)
+        except StoreError as exc:  # left in the store as they were: carried out at a later step
+            log.debug("runs wait for the store: %s", exc)
         finally:
-            self._in_flight.discard(run.id)
+            for run in runs:
+                self._in_flight.discard(run.id)
             self._due.set()
 
     async def stop(self) -> None:
@@ -255,6 +230,7 @@ class Dispatcher:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._ticks.stop()  # an outbox delivery cut short is tried again (it looks first)
 
     def wake(self) -> None:
         """Look again now: an action was given work of its own (a report to post), a round was
@@ -283,7 +259,7 @@ class Dispatcher:
     def _flag_done(self, name: str, task: asyncio.Task[None]) -> None:
         if self._flag_tasks.get(name) is task:
             del self._flag_tasks[name]
-        if not task.cancelled() and _fatal(task.exception()):
+        if not task.cancelled() and is_fatal(task.exception()):
             self._flag_fatal = task.exception()  # a task done before settled() looked: kept for it
 
     async def _reconcile_flag(self, name: str) -> None:
@@ -316,7 +292,7 @@ class Dispatcher:
         while self._flag_tasks:
             ended = await asyncio.gather(*list(self._flag_tasks.values()), return_exceptions=True)
             for result in ended:
-                if _fatal(result):
+                if is_fatal(result):
                     self._flag_fatal = None
                     raise result  # type: ignore[misc]
         if self._flag_fatal is not None:
@@ -325,28 +301,17 @@ class Dispatcher:
 
     async def recheck(self) -> None:
         """Deferred runs looked at again: admitted (then carried out), deferred on, or skipped."""
-        now = self.clock()
-
-        def look(db: Any) -> list[guards.Rechecked]:
-            with transaction(db):
-                return guards.recheck(db, self.actions, self.rules, self.dry_run, now)
-
-        for changed in await self.store.call(look):
-            if changed.status == RunStatus.PENDING:
-                log.info("%s: %s may run now (was: %s)", changed.rule, changed.action, changed.reason)
-            elif changed.status == RunStatus.SKIPPED:
-                log.info("%s: not running %s (%s)", changed.rule, changed.action, changed.reason)
-                self.metrics.action_runs.labels(changed.action, "skipped").inc()
+        await planning.recheck(self.store, self.actions, self.rules, self.dry_run, self.clock(), self.metrics)
 
     async def step(self, settle: bool = True) -> None:
         """One tick of the dispatcher's own: deferrals looked at again, the flags reconciled, due
         runs carried out, the actions' own work. ``settle``: also wait for the flags' controllers
-        (a test's tick; the serve loop does not wait for them)."""
+        and the actions' own work (a test's tick; the serve loop waits for neither)."""
         await self.recheck()
-        await self.run()
+        await self.run(wait=settle)
         if settle:
             await self.settled()
-        await self.tick()
+        await self.tick(wait=settle)
         self.waiting = await self.store.call(waiting)
 
     async def _flag_ended(self, flag: FeatureFlagAction, ended: Ended) -> None:
@@ -371,35 +336,13 @@ class Dispatcher:
         for observer in self.on_run:
             observer(run, ended.status, ended.detail)
 
-    async def tick(self) -> None:
-        """Each action's own due work (a Slack outbox); notes when the next is due."""
-        upcoming: list[float] = []
-        for name, action in list(self.actions.items()):
-            if action.long_running:  # its own work may take minutes (resuming a restart): aside
-                if name not in self._ticking:
-                    self._ticking.add(name)
-                    task = asyncio.get_running_loop().create_task(self._tick_aside(name, action))
-                    self._aside.add(task)
-                    task.add_done_callback(self._aside.discard)
-                continue
-            try:
-                async with asyncio.timeout(action.timeout):
-                    due = await action.tick(StoreMemory(self.store, name))
-            except Exception:  # one action's trouble must not stop the others, or the loop
-                log.exception("action %s: its own work failed; tried again in %gs", name, TICK_RETRY)
-                due = self.clock() + TICK_RETRY
-            if due is not None:
-                upcoming.append(due)
-        self._next_tick = min(upcoming, default=None)
-
-    async def _tick_aside(self, name: str, action: Action) -> None:
-        try:
-            async with asyncio.timeout(action.timeout):
-                await action.tick(StoreMemory(self.store, name))
-        except Exception:
-            log.exception("action %s: its own work failed", name)
-        finally:
-            self._ticking.discard(name)
+    async def tick(self, wait: bool = True) -> None:
+        """Each action's own due work (a Slack outbox), beside the rest, one pass at a time per
+        action. ``wait``: until the passes are over (a long-running action's aside: it may take
+        minutes); the serve loop does not wait, and hears when each is over."""
+        self._ticks.start()
+        if wait:
+            await self._ticks.wait(name for name, action in self.actions.items() if not action.long_running)
 
     def _changed_world(self, name: str) -> bool:
         action = self.actions.get(name)
@@ -426,7 +369,7 @@ class Dispatcher:
         """Carry out runs as they fall due (restores after their quiet period, retries, deferrals
         that ended), keep the flags in line, and the actions' own work; until cancelled or
         ``quiesce``."""
-        holdings = asyncio.get_running_loop().create_task(self._show_holdings_when_stale())
+        holdings = asyncio.get_running_loop().create_task(self._holdings.serve())
         try:
             await self._serve()
         finally:
@@ -443,6 +386,8 @@ class Dispatcher:
             async with asyncio.timeout(grace):
                 await self._served.wait()
                 await self.settled()  # a flag's change under way finishes, or is cut off at ``grace``
+                if self._batches:  # so do the runs under way
+                    await asyncio.wait(list(self._batches))
 
     async def _serve(self) -> None:
         try:
@@ -470,14 +415,26 @@ class Dispatcher:
                 due = await self.store.next_due()
             except StoreError:
                 due = self.clock() + STORE_RETRY
-            wants = [due, retry, self._next_tick, *self._next_look.values()]
+            if due is not None and due <= self.clock() and self._in_flight:
+                due = self.clock() + IN_FLIGHT_LOOK  # under way, or waiting for its action: not at once
+            wants = [due, retry, self._ticks.next, *self._next_look.values()]
             soonest = min((t for t in wants if t is not None), default=None)
             wait = None if soonest is None else max(0.0, soonest - self.clock())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._due.wait()
-            if not self._stopping:
+            if await self._sleep(wait) and not self._stopping:
                 retry = await self._step_or_later()
+
+    async def _sleep(self, wait: float | None) -> bool:
+        """Up to ``wait`` seconds, until woken; False when only an action's own work ended meanwhile
+        (its next due time is read again, no step is due for it)."""
+        self._ticked.clear()
+        woken = asyncio.ensure_future(self._due.wait())
+        ticked = asyncio.ensure_future(self._ticked.wait())
+        try:
+            done, _ = await asyncio.wait({woken, ticked}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            ticked.cancel()
+        return woken in done or not done
 
     async def _run_one(self, run: ActionRun) -> None:
         if self.dry_run:
@@ -550,8 +507,3 @@ class Dispatcher:
             log.warning("action %s for %s %s failed: %s", run.action, run.rule, what, detail)
         else:
             log.info("action %s for %s %s: %s", run.action, run.rule, what, detail)
-
-
-def _fatal(result: object) -> bool:
-    """An end that is not a flag's own error: the process is going (a BaseException)."""
-    return isinstance(result, BaseException) and not isinstance(result, Exception | asyncio.CancelledError)

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
@@ -20,6 +21,7 @@ from daemon import overview
 from daemon.dispatch import silences
 from daemon.loading import load
 from daemon.runtime import Daemon
+from tests.hostile_deps import HostileDeps
 from tests.processes import specguard
 from tests.readings import Readings
 
@@ -331,3 +333,74 @@ async def test_a_store_that_stalls_leaves_its_part_out_and_says_so(
         "shrink: the store did not answer within 0.2s"
     )
     assert doc["rules"] and doc["health"]["healthy"] is True  # what is in memory is still shown
+
+
+async def test_a_flag_that_cannot_be_written_is_degraded_exit_5_with_its_error_until_it_heals(
+    tmp_path: Path,
+) -> None:
+    """The flag API answers 500: /api/status, `specguard status`, the page and /metrics say that the
+    fallback cannot be written, since when, the last error and the next try; once the API answers,
+    the flag is written once and all of it is gone."""
+    with HostileDeps() as deps:
+        deps.set("/flag", "error500")
+        flag = (
+            f"    http: {{url: '{deps.url('/flag/spec')}', engage: {{speculative: false}}, "
+            "restore: {speculative: true}, retries: 0, request_timeout: 5s}\n"
+            "    retry_backoff: 1s\n    retry_max_backoff: 1s\n"
+        )
+        running = start_in(tmp_path, CONFIG.replace(
+            "    file: {path: flags.json, engage: {speculative: false}, restore: {speculative: true}}\n", flag
+        ))  # fmt: skip
+        running.source = Readings(0.2)  # acceptance_low fires: the fallback is wanted engaged
+        await running.start(handle_signals=False)
+        try:
+            await until(lambda: deps.count("/flag/spec", "PUT") >= 2, "the flag API asked twice")
+            code, out, err = await specguard("status", "--url", url(running))
+            doc = await running.overview()
+            page = await _get(url(running) + "/")
+            metrics = await _get(url(running) + "/metrics")
+
+            deps.heal()
+            await until(lambda: running.status()["fallbacks"]["fallback"]["failing_since"] is None, "healed")
+            healed_code, healed_out, _ = await specguard("status", "--url", url(running))
+            healed = await running.overview()
+            healed_metrics = await _get(url(running) + "/metrics")
+            writes = deps.served_count("/flag/spec", "PUT")
+        finally:
+            await running.shutdown()
+
+    assert code == 5, err
+    lines = out.splitlines()
+    assert lines[0].endswith(": degraded, 1 firing (acceptance_low)")
+    assert lines[1].startswith("  ! fallback fallback cannot be written: engage: ")
+    assert "500" in lines[1]
+    notes = out[out.index("Fallbacks") :]
+    assert "changes failing since " in notes and "write(s) failed in a row" in notes and "next try " in notes
+    assert "Actions" in lines
+    shown = doc["fallbacks"]["fallback"]
+    assert shown["is"] == "unknown" and shown["should_be"] == "engaged"
+    assert shown["failures"] >= 1 and shown["failing_since"] <= shown["last_error_at"] <= doc["now"]
+    assert "500" in shown["last_error"] and shown["next_try"] > shown["last_error_at"]
+    assert doc["actions"]["fallback"]["type"] == "feature_flag"
+    assert doc["actions"]["log"]["type"] == "log"
+    assert "fallback fallback cannot be written" in page and "changes failing since" in page
+    assert 'specguard_action_failing{action="fallback"}' in metrics
+    assert _sample(metrics, 'specguard_action_failing{action="fallback"}') >= 1
+
+    assert healed_code == 0, healed_out
+    assert writes == 1  # written exactly once when it could be
+    assert healed["fallbacks"]["fallback"]["is"] == "engaged"
+    assert healed["fallbacks"]["fallback"]["failures"] == 0
+    assert healed["fallbacks"]["fallback"]["last_error"] is None
+    assert _sample(healed_metrics, 'specguard_action_failing{action="fallback"}') == 0
+
+
+async def _get(address: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(address) as answer:
+        assert answer.status == 200
+        return await answer.text()
+
+
+def _sample(page: str, name: str) -> float:
+    (line,) = [line for line in page.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[-1])

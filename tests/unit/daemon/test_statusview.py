@@ -282,3 +282,86 @@ def test_times_say_how_long_ago_or_how_soon() -> None:
     assert clock(NOW + 3 * 3600 + 1800, NOW).endswith(" (in 3h30m)")
     assert clock(NOW - 3 * 86400, NOW) == "2026-11-27 00:53 (3d ago)"
     assert clock(None, NOW) == "-"
+
+
+def test_each_action_says_what_it_says_of_itself_and_a_failing_one_makes_it_degraded() -> None:
+    doc = document()
+    doc["actions"] = {
+        "oncall": {
+            "type": "slack",
+            "state": {
+                "backlog": 3,
+                "failing": 1,
+                "last_error": "chat.postMessage: channel_not_found",
+                "last_error_at": NOW - 60,
+                "next_try": NOW + 20,
+            },
+        },
+        "fallback": {"type": "feature_flag", "state": {}},
+        "pager": {"type": "pager", "state": {"backlog": 0, "failing": False, "queue": "eu-1"}},
+        "stalled": {"type": "slack", "state": None},
+        "buggy": {"type": "slack", "state": "cannot be read: RuntimeError: boom"},
+    }
+    view = build(doc)
+    assert view.condition is Condition.DEGRADED
+    assert view.problems == (
+        "action oncall is failing: 3 waiting, 1 failed; last error "
+        f"{clock(NOW - 60, NOW)}: chat.postMessage: channel_not_found; next try {clock(NOW + 20, NOW)}",
+    )
+    rows = {row.cells[0].text: row.cells for row in section(view, "Actions").rows}
+    assert list(rows) == ["buggy", "fallback", "oncall", "pager", "stalled"]
+    assert [c.text for c in rows["oncall"]][:2] == ["oncall", "slack"] and rows["oncall"][2].tone is Tone.BAD
+    assert rows["fallback"][2].text == "-"
+    assert rows["pager"][2].text == "0 waiting, not failing; queue: eu-1"
+    assert rows["stalled"][2].text == "-" and rows["stalled"][2].tone is Tone.MUTED
+    assert rows["buggy"][2].text == "cannot be read: RuntimeError: boom"
+    out = text(view)
+    assert out.splitlines()[1].startswith("  ! action oncall is failing: 3 waiting, 1 failed")
+    assert "Actions" in out.splitlines()
+
+    doc["actions"]["oncall"]["state"]["failing"] = 0  # an error on its way to a retry: not failing
+    assert build(doc).condition is Condition.HEALTHY
+
+
+def test_a_fallback_that_cannot_be_written_says_since_when_why_and_when_next() -> None:
+    doc = document()
+    doc["fallbacks"]["fallback"].update(
+        {
+            "is": "unknown",
+            "failures": 4,
+            "canary_failures": 0,
+            "failing_since": NOW - 300,
+            "last_error": "engage: PUT http://flags/spec failed 4 times, last: 500",
+            "last_error_at": NOW - 10,
+            "next_try": NOW + 50,
+        }
+    )
+    view = build(doc)
+    assert view.condition is Condition.DEGRADED
+    assert view.problems == (
+        "fallback fallback cannot be written: engage: PUT http://flags/spec failed 4 times, last: 500",
+    )
+    (flag,) = section(view, "Fallbacks").rows
+    assert flag.cells[1].tone is Tone.BAD
+    assert flag.notes[-1] == (
+        f"changes failing since {clock(NOW - 300, NOW)}, 4 write(s) failed in a row; last error "
+        f"{clock(NOW - 10, NOW)}: engage: PUT http://flags/spec failed 4 times, last: 500; "
+        f"next try {clock(NOW + 50, NOW)}"
+    )
+    # a canary that keeps the fallback engaged is doing its job: shown, not a failure
+    doc["fallbacks"]["fallback"].update(
+        {
+            "is": "engaged",
+            "failures": 0,
+            "canary_failures": 2,
+            "last_error": "restore: canary: acceptance 0.31",
+        }
+    )
+    view = build(doc)
+    assert view.condition is Condition.HEALTHY
+    assert "2 canary probe(s) kept it engaged" in section(view, "Fallbacks").rows[0].notes[-1]
+
+
+def test_a_daemon_that_does_not_report_its_actions_says_so() -> None:
+    view = build(document())
+    assert section(view, "Actions").note == "not shown: this daemon does not report its actions"
