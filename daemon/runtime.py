@@ -199,7 +199,11 @@ class Daemon:
             server.webhook_max_body_size,
         )
         api = [
-            *silences.api_routes(self.store.call, lambda: self.loaded.webhook_token),
+            *silences.api_routes(
+                self.store.call,
+                lambda: self.loaded.webhook_token,
+                lambda: self.loaded.config.server.max_silence,
+            ),
             *ladder.api_routes(
                 lambda: self.dispatcher.actions, self.store, lambda: self.loaded.webhook_token
             ),

@@ -369,24 +369,27 @@ def failing(status: Mapping[str, Any], now: float) -> list[str]:
 
 
 def state_text(state: Mapping[str, Any], now: float) -> str:
-    """What an action says of itself (``Action.state``), in words: ``3 waiting, 1 failed; last error
+    """What an action says of itself (``Action.state``), in words: ``3 waiting, 1 failing, 4 failed in all; last error
     14:05:40 (1m ago): channel_not_found; next try 14:07:00 (in 20s)``; keys not known here as
     ``key: value``."""
     counts = []
     if isinstance(state.get("backlog"), int) and not isinstance(state.get("backlog"), bool):
         counts.append(f"{state['backlog']} waiting")
-    failed = state.get("failing")
-    if isinstance(failed, bool):
-        counts.append("failing" if failed else "not failing")
-    elif isinstance(failed, int | float):
-        counts.append(f"{number(failed)} failed")
+    failing = state.get("failing")
+    if isinstance(failing, bool):
+        counts.append("failing" if failing else "not failing")
+    elif isinstance(failing, int | float):
+        counts.append(f"{number(failing)} failing")
+    failed = state.get("failed")  # for good, ever: said once there were some
+    if isinstance(failed, int | float) and not isinstance(failed, bool) and failed:
+        counts.append(f"{number(failed)} failed in all")
     parts = [", ".join(counts)] if counts else []
     if state.get("last_error"):
         at = f" {clock(state['last_error_at'], now)}" if state.get("last_error_at") is not None else ""
         parts.append(f"last error{at}: {state['last_error']}")
     if state.get("next_try") is not None:
         parts.append(f"next try {clock(state['next_try'], now)}")
-    known = {"backlog", "failing", "last_error", "last_error_at", "next_try"}
+    known = {"backlog", "failing", "failed", "last_error", "last_error_at", "next_try"}
     parts += [f"{key}: {number(value)}" for key, value in sorted(state.items()) if key not in known]
     return "; ".join(parts) or "-"
 

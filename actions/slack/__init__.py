@@ -264,6 +264,7 @@ class SlackAction(Action):
 
     async def state(self, memory: ActionMemory) -> dict[str, Any]:
         """The outbox: ``backlog`` (notices not delivered yet), ``failing`` (notices failed for
+        good since the last one delivered: Slack refuses them now), ``failed`` (notices failed for
         good, ever), ``last_error`` and ``last_error_at`` (of the latest failed try, permanent or
         not), ``next_try`` (when the next notice is due; None: none is queued)."""
         return box.summary(await memory.read(STATE_KEY), time.time())
@@ -316,7 +317,7 @@ class SlackAction(Action):
             return
 
         def done(s: dict[str, Any] | None) -> dict[str, Any]:
-            s = s or box.empty()
+            s = box.delivered(s or box.empty())
             s["items"] = [i for i in s["items"] if i["id"] != item["id"]]
             record = s["incidents"].get(item["incident"])
             if record is not None and item["kind"] in ("post", "report") and where is not None:

@@ -4,7 +4,9 @@ change or read that value; they do no I/O.
 
 ``items``: the notices not delivered yet (``id``, ``incident``, ``kind``, ``due`` unix time, ...).
 ``failed``: the latest notices failed for good (``FAILED_KEPT`` of them), ``failures``: how many
-ever were, ``last_error``: ``{"text", "at"}`` of the latest failed try, permanent or not.
+ever were, ``failing``: how many since the last notice delivered (Slack refuses them now; a
+delivery says it takes them again), ``last_error``: ``{"text", "at"}`` of the latest failed try,
+permanent or not.
 """
 
 from __future__ import annotations
@@ -97,11 +99,18 @@ def failed(state: dict[str, Any] | None, item: dict[str, Any], why: str, at: flo
     state = state or empty()
     state["items"] = [i for i in state["items"] if i["id"] != item["id"]]
     state["failures"] = int(state.get("failures") or 0) + 1
+    state["failing"] = int(state.get("failing") or 0) + 1
     kept = list(state.get("failed") or [])
     kept.append({"id": item["id"], "incident": item["incident"], "kind": item["kind"], "error": why, "at": at,
                  "attempts": item["attempts"] + 1})  # fmt: skip
     state["failed"] = kept[-FAILED_KEPT:]
     return errored(state, why, at)
+
+
+def delivered(state: dict[str, Any]) -> dict[str, Any]:
+    """A notice was delivered: Slack takes them, whatever failed before."""
+    state["failing"] = 0
+    return state
 
 
 def summary(state: dict[str, Any] | None, now: float) -> dict[str, Any]:
@@ -110,7 +119,8 @@ def summary(state: dict[str, Any] | None, now: float) -> dict[str, Any]:
     last = state.get("last_error") or {}
     return {
         "backlog": len(state["items"]),
-        "failing": int(state.get("failures") or 0),
+        "failing": int(state.get("failing") or 0),
+        "failed": int(state.get("failures") or 0),
         "last_error": last.get("text"),
         "last_error_at": last.get("at"),
         "next_try": when_next(state, now),

@@ -269,6 +269,9 @@ async def test_a_permanent_error_fails_the_notice_for_good_and_says_so_once(
     await deliver(oncall, store)
     (posted,) = slack.posted()
     assert posted["metadata"]["event_payload"]["notice"] == 4
+    # Slack takes notices again: nothing is failing now, and the three failed are still counted
+    state = await oncall.state(memory)
+    assert (state["failing"], state["failed"]) == (0, 3), state
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from actions.vllm_restart import speculative
 from daemon.dispatch import silences
 from daemon.loading import load
 from daemon.runtime import Daemon
-from daemon.store import opened
 from tests.ports import free_port
 from tests.readings import Readings
 
@@ -211,24 +209,23 @@ async def test_every_write_is_refused_415_unless_it_is_application_json(daemon: 
 
 
 async def test_the_longest_silence_is_the_one_configured(tmp_path: Path) -> None:
-    """The routes as the daemon serves them, with ``server.max_silence: 2h``."""
-    async with opened(tmp_path / "state.db") as store:
-        app = web.Application()
-        app.add_routes(silences.api_routes(store.call, lambda: None, lambda: 7200.0))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            status, answer = await send(port, "POST", "/api/silences", silence(**{"for": "2h1s"}))
-            assert (status, answer) == (
-                400,
-                {"error": "for: 2h1s is longer than the longest silence, 2h (server.max_silence)"},
-            )
-            status, answer = await send(port, "POST", "/api/silences", silence(**{"for": "2h"}))
-            assert status == 201, answer
-        finally:
-            await runner.cleanup()
+    """A daemon with ``server.max_silence: 2h``: its API holds to that, not to the default."""
+    path = write_config(tmp_path, max_silence="2h")
+    loaded = load(path)
+    assert loaded.ok, loaded.problems
+    running = Daemon(loaded, path)
+    running.source = Readings(0.8)
+    await running.start(handle_signals=False)
+    try:
+        status, answer = await send(running.port, "POST", "/api/silences", silence(**{"for": "2h1s"}))
+        assert (status, answer) == (
+            400,
+            {"error": "for: 2h1s is longer than the longest silence, 2h (server.max_silence)"},
+        )
+        status, answer = await send(running.port, "POST", "/api/silences", silence(**{"for": "2h"}))
+        assert status == 201, answer
+    finally:
+        await running.shutdown()
 
 
 def test_max_silence_is_checked_in_the_config(tmp_path: Path) -> None:

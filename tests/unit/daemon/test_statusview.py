@@ -292,6 +292,7 @@ def test_each_action_says_what_it_says_of_itself_and_a_failing_one_makes_it_degr
             "state": {
                 "backlog": 3,
                 "failing": 1,
+                "failed": 4,
                 "last_error": "chat.postMessage: channel_not_found",
                 "last_error_at": NOW - 60,
                 "next_try": NOW + 20,
@@ -305,7 +306,7 @@ def test_each_action_says_what_it_says_of_itself_and_a_failing_one_makes_it_degr
     view = build(doc)
     assert view.condition is Condition.DEGRADED
     assert view.problems == (
-        "action oncall is failing: 3 waiting, 1 failed; last error "
+        "action oncall is failing: 3 waiting, 1 failing, 4 failed in all; last error "
         f"{clock(NOW - 60, NOW)}: chat.postMessage: channel_not_found; next try {clock(NOW + 20, NOW)}",
     )
     rows = {row.cells[0].text: row.cells for row in section(view, "Actions").rows}
@@ -316,11 +317,15 @@ def test_each_action_says_what_it_says_of_itself_and_a_failing_one_makes_it_degr
     assert rows["stalled"][2].text == "-" and rows["stalled"][2].tone is Tone.MUTED
     assert rows["buggy"][2].text == "cannot be read: RuntimeError: boom"
     out = text(view)
-    assert out.splitlines()[1].startswith("  ! action oncall is failing: 3 waiting, 1 failed")
+    assert out.splitlines()[1].startswith(
+        "  ! action oncall is failing: 3 waiting, 1 failing, 4 failed in all"
+    )
     assert "Actions" in out.splitlines()
 
-    doc["actions"]["oncall"]["state"]["failing"] = 0  # an error on its way to a retry: not failing
+    doc["actions"]["oncall"]["state"]["failing"] = 0  # delivered since, or on its way to a retry
     assert build(doc).condition is Condition.HEALTHY
+    rows = {row.cells[0].text: row.cells for row in section(build(doc), "Actions").rows}
+    assert rows["oncall"][2].text.startswith("3 waiting, 0 failing, 4 failed in all; last error")
 
 
 def test_a_fallback_that_cannot_be_written_says_since_when_why_and_when_next() -> None:
