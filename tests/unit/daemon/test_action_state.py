@@ -117,8 +117,8 @@ async def test_the_page_and_the_text_show_what_an_action_says(store: Store, tmp_
     view = build(doc)
     html = status_page(view)
     assert '<section id="actions">' in html
-    assert "2 waiting, 1 failed; last error: chat.postMessage: &lt;channel_not_found&gt;" in html
-    assert "action oncall is failing: 2 waiting, 1 failed" in html  # among the problems at the top
+    assert "2 waiting, 1 failing; last error: chat.postMessage: &lt;channel_not_found&gt;" in html
+    assert "action oncall is failing: 2 waiting, 1 failing" in html  # among the problems at the top
     out = io.StringIO()
     print_view(view, "http://127.0.0.1:9464", out)
     lines = out.getvalue().splitlines()
