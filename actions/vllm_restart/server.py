@@ -122,12 +122,14 @@ class Server:
                             "max_tokens": max_tokens, "temperature": 0.0}  # fmt: skip
                     async with session.post(self.url + "/v1/completions", json=body) as answer:
                         if answer.status != 200:
-                            text = (await answer.text())[:200]
+                            text = (await self._text(answer))[:200]
                             raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
                 async with session.get(self.url + "/metrics") as answer:
                     if answer.status != 200:
                         raise NotReady(f"GET /metrics answered {answer.status}")
-                    page = await answer.text()
+                    page = await self._text(answer)
+        except TooLarge as exc:
+            raise NotReady(f"verification: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NotReady(f"verification: {type(exc).__name__}: {exc}"[:300]) from None
         spec, seen = positions(page)
@@ -153,7 +155,7 @@ class Server:
                     async with session.get(self.url + "/metrics") as answer:
                         if answer.status != 200:
                             raise NotReady(f"GET /metrics answered {answer.status}")
-                        return await answer.text()
+                        return await self._text(answer)
 
                 async def send_round() -> None:
                     for index in range(requests):
@@ -161,10 +163,12 @@ class Server:
                                 "max_tokens": max_tokens, "temperature": temperature}  # fmt: skip
                         async with session.post(self.url + "/v1/completions", json=body) as answer:
                             if answer.status != 200:
-                                text = (await answer.text())[:200]
+                                text = (await self._text(answer))[:200]
                                 raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
 
                 return await sprt_probe(sprt, metrics, send_round, "acceptance", max_tokens)
+        except TooLarge as exc:
+            raise NotReady(f"acceptance check: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NotReady(f"acceptance check: {type(exc).__name__}: {exc}"[:300]) from None
 
@@ -172,11 +176,18 @@ class Server:
         async with session.get(self.url + "/v1/models") as answer:
             if answer.status != 200:
                 raise NotReady(f"GET /v1/models answered {answer.status}")
-            body = await answer.json(content_type=None)
+            try:
+                body = await json_limited(answer, self.limit)
+            except ValueError:
+                raise NotReady("/v1/models answered with a body that is not JSON") from None
         try:
             return str(body["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
             raise NotReady("/v1/models lists no model") from None
+
+    async def _text(self, answer: aiohttp.ClientResponse) -> str:
+        """An answer's body as text, up to ``max_response_size`` (TooLarge past it)."""
+        return (await read_limited(answer, self.limit)).decode("utf-8", "replace")
 
 
 def _redirect(answer: aiohttp.ClientResponse) -> str:

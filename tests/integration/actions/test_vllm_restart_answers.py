@@ -1,6 +1,7 @@
 """The vllm_restart action reads vLLM's ``/health`` and ``/version`` as from a stranger: bodies up to
 ``max_response_size`` (a 200 ``/health`` with an endless or a huge declared body fails the check
-with that reason, unread), no redirect followed. And a speculative config file that is a symbolic
+with that reason, unread), no redirect followed; the restart's verification reads ``/metrics``
+the same way. And a speculative config file that is a symbolic
 link is written through to the file it points to, and stays a link."""
 
 from __future__ import annotations
@@ -201,3 +202,18 @@ async def test_a_symlinked_config_is_written_through_to_its_target_and_stays_a_l
     assert target.with_name(target.name + ".prev").read_text() == before  # the target's previous text
     assert not link.with_name(link.name + ".prev").exists()
     assert sorted(p.name for p in link.parent.iterdir() if p.name.startswith(link.name)) == [link.name]
+
+
+@pytest.mark.parametrize("mode", ["endless", "huge"])
+async def test_the_restarts_verification_reads_metrics_up_to_its_limit(mode: str) -> None:
+    from tests.hostile_deps import HostileDeps
+
+    with HostileDeps() as deps:
+        deps.set("/vllm/metrics", mode)  # the rest of the server answers as vLLM does
+        server = Server(deps.url("/vllm"), None, max_response_size=MiB)
+        with pytest.raises(
+            NotReady,
+            match=r"^verification: the answer's body (passed|is 838,860,800 bytes, over) max_response_size 1 MiB",
+        ):
+            await server.verify(2, 1, 8, None)
+        assert deps.served_count("/vllm/v1/completions") == 1  # it got as far as the page
