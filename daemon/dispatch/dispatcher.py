@@ -177,8 +177,9 @@ class Dispatcher:
     async def run(self, ids: Sequence[int] | None = None, wait: bool = True) -> None:
         """Bring the flags in line with the rules' states, then carry out pending runs that are
         due (``ids``, or every unfinished one), beside the caller: in their order, one at a time
-        per action (a long-running action's each on its own). ``wait``: until they are over (but
-        a long-running action's); an evaluation round does not wait."""
+        per action (a long-running action's each on its own). ``wait``: until they and the runs
+        already under way are over (but a long-running action's); an evaluation round does not
+        wait."""
         self._report_held()
         self.reconcile()
         batch: list[ActionRun] = []
@@ -197,8 +198,8 @@ class Dispatcher:
             task = self._beside(self._run_aside(batch))
             self._batches.add(task)
             task.add_done_callback(self._batches.discard)
-            if wait:
-                await task
+        if wait and self._batches:  # those under way too: a round's, started before this call
+            await asyncio.wait(list(self._batches))
         self._due.set()  # restores may have been recorded, or put off: the waiting changes
 
     def _beside(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

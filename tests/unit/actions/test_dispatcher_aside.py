@@ -174,3 +174,42 @@ async def test_a_run_due_behind_a_hung_run_of_its_action_waits_without_spinning(
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         await d.stop()
+
+
+class Slow(Action):
+    """A notifier whose run takes a while (a Slack that answers slowly), then says it is done."""
+
+    type = "slow"
+    done: ClassVar[list[str]] = []
+
+    async def run(self, ctx: ActionContext) -> Outcome:
+        await asyncio.sleep(0.3)
+        Slow.done.append(ctx.event)
+        return Outcome(True, "told")
+
+
+async def test_a_run_that_waits_waits_for_the_runs_a_round_started_too(store: Store) -> None:
+    """A round starts its runs and goes on; whoever then asks the dispatcher to run and wait (a
+    replayed week, a test's tick, the start-up) gets them over too, not only those it started."""
+    Slow.done = []
+    d = Dispatcher(store, {"slow": Slow("slow", ActionParams(type="slow"))}, False, DaemonMetrics())
+    item = LoadedRule(
+        Rule.model_validate(
+            {"name": "low", "signal": "acceptance_rate", "condition": "< 0.5", "actions": ["slow"]}
+        ),
+        "rules.yaml",
+        2,
+    )
+    try:
+        state = SeriesState(labels={}, state=State.FIRING, since=time.time())
+        pending = await store.commit_evaluation(
+            "low", {"{}": state}, [d.record(item, event(State.FIRING, time.time()))]
+        )
+        await d.run(pending, wait=False)  # as an evaluation round does
+        assert Slow.done == []
+        await d.run()  # nothing new to start: the round's run is under way
+        assert Slow.done == ["firing"], await store.action_runs()
+        (run,) = [r for r in await store.action_runs() if r["action"] == "slow"]
+        assert run["status"] == "ok", run
+    finally:
+        await d.stop()
