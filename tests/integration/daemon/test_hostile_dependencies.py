@@ -19,7 +19,16 @@ from typing import Any
 import pytest
 
 from tests.hostile_deps import HostileDeps
-from tests.integration.daemon.test_hung_dependencies import _read, _stop, _watch, busy, rule_state, sim, until
+from tests.integration.daemon.test_hung_dependencies import (
+    RULES,
+    _read,
+    _stop,
+    _watch,
+    busy,
+    rule_state,
+    sim,
+    until,
+)
 from tests.ports import free_port
 from tests.processes import Daemon
 
@@ -29,16 +38,8 @@ OBSERVE = 15.0  # seconds the daemon is watched while every dependency is hostil
 MAX_GAP = 6.0  # a hang guard for a 1 s interval on a loaded machine
 RSS_GROWTH = 50 * 1024 * 1024  # bytes: the peak may grow this much over the daemon's start, no more
 
-RULES = """\
-rules:
-  # fires on the first reading and keeps firing: engages api_flag, tells on-call
-  - {name: always, signal: running_requests, window: 2s, interval: 1s, condition: ">= 0",
-     actions: [api_flag, oncall]}
-  # fires while the test keeps a request running, then resolves: file_flag is engaged, then
-  # restored once its canary agrees
-  - {name: busy, signal: running_requests, window: 1s, interval: 1s, condition: "> 0",
-     actions: [file_flag]}
-"""
+# The rules of the hung-dependencies test: `always` fires at once and keeps firing (api_flag,
+# oncall); `busy` fires while a request runs, then resolves (file_flag, restored once its canary agrees).
 
 
 def config(directory: Path, port: int, scrape_url: str, deps: HostileDeps) -> Path:
