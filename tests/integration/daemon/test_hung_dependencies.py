@@ -31,11 +31,12 @@ RULES = """\
 rules:
   # fires on the first reading (a simulator always has a running-requests gauge): engages api_flag
   # and tells on-call
-  - {name: always, signal: running_requests, window: 2s, interval: 1s, condition: ">= 0",
+  - {name: always, signal: running_requests, window: 3s, interval: 1s, condition: ">= 0",
      actions: [api_flag, oncall]}
   # fires while the test keeps a request running, resolves when it stops: engages, then restores
-  # file_flag, whose canary is asked first
-  - {name: busy, signal: running_requests, window: 1s, interval: 1s, condition: "> 0",
+  # file_flag, whose canary is asked first (a window of three scrapes: one scrape's window can
+  # hold none when a scrape comes late)
+  - {name: busy, signal: running_requests, window: 3s, interval: 1s, condition: "> 0",
      actions: [file_flag]}
 """
 
