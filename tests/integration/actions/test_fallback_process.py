@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from actions.feature_flag.backends import render
-from sim.demo import FlagRouter
+from sim.flag_router import FlagRouter
 from sim.options import SimOptions, SpeculativeConfig
 from sim.server import Simulator, start_simulator
 from sim.slack_api import TOKEN, SlackApi, running

@@ -19,7 +19,8 @@ import pytest
 
 from report import charts
 from report.weekly import charts_missing
-from sim.demo import CHANNEL, Terminal, report_section
+from sim.demo import CHANNEL
+from sim.demo_report import Terminal, report_section
 
 MILESTONES = {
     # the drop waits for the collapse detector to calibrate on the healthy traffic
