@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
+from actions.base import ActionContext, ActionMemory, RunOutcome
 from daemon.engine import Event
 from daemon.loading import LoadedRule
+from daemon.store import ActionRun
 from rules.messages import fields, message
 from rules.templates import render
 
@@ -69,3 +72,24 @@ def waiting(db: Any) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+
+
+def context_of(run: ActionRun, memory: ActionMemory, outcomes: Sequence[RunOutcome]) -> ActionContext:
+    """What an action is told of the run it carries out: the event, its rule's words, its memory,
+    and (for an action that observes them) how the event's other runs ended."""
+    return ActionContext(
+        rule=run.rule,
+        event=run.kind,
+        severity=run.severity,
+        labels=run.labels,
+        value=run.value,
+        threshold=run.threshold,
+        summary=run.summary,
+        annotations=run.annotations,
+        event_id=run.event_id,
+        series=run.series,
+        at=run.at,
+        since=run.since,
+        memory=memory,
+        outcomes=tuple(outcomes),
+    )

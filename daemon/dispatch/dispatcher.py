@@ -26,12 +26,12 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from actions import Action, ActionContext
+from actions import Action
 from actions.base import RunOutcome
 from actions.feature_flag import FeatureFlagAction
 from daemon.dispatch import guards, planning
 from daemon.dispatch.controller import Controller, Ended
-from daemon.dispatch.describe import describe, waiting
+from daemon.dispatch.describe import context_of, describe, waiting
 from daemon.dispatch.holdings import Holdings
 from daemon.dispatch.memory import StoreMemory
 from daemon.dispatch.ticks import TICK_RETRY, Ticks, is_fatal
@@ -451,22 +451,8 @@ class Dispatcher:
             await self.store.finish_run(run.id, "failed", f"action {run.action!r} is no longer configured")
             self.metrics.action_runs.labels(run.action, "failed").inc()
             return
-        ctx = ActionContext(
-            rule=run.rule,
-            event=run.kind,
-            severity=run.severity,
-            labels=run.labels,
-            value=run.value,
-            threshold=run.threshold,
-            summary=run.summary,
-            annotations=run.annotations,
-            event_id=run.event_id,
-            series=run.series,
-            at=run.at,
-            since=run.since,
-            memory=StoreMemory(self.store, run.action),
-            outcomes=tuple(await self._outcomes(run.event_id)) if action.observes else (),
-        )
+        outcomes = await self._outcomes(run.event_id) if action.observes else []
+        ctx = context_of(run, StoreMemory(self.store, run.action), outcomes)
         await self.store.start_run(run.id)
         retry_after: float | None = None
         try:
