@@ -4,9 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck docs unit integration bench e2e clean
+.PHONY: run demo test lint typecheck layers docs unit integration bench e2e clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,charts]'
@@ -27,6 +27,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The layers (pyproject.toml, [tool.importlinter]): fails on any import that points up a layer.
+layers: $(STAMP)
+	$(BIN)/lint-imports
+
 # The documentation under docs/, built into site/: --strict fails on a broken link or anchor, a page
 # the nav leaves out, or any other warning.
 docs: $(STAMP)
@@ -40,7 +44,7 @@ integration: $(STAMP)
 
 # Two workers (pytest-xdist), a test file to each at a time: most tests wait on processes and
 # clocks rather than compute, so two share the 2 cores CI has; about 7 minutes instead of 14.
-test: lint typecheck docs
+test: lint typecheck layers docs
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The real-vLLM tier (tests/e2e): vLLM 0.32.0's CPU build in a venv of its own, .venv-vllm (about

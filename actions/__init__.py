@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
-from actions.feature_flag import FeatureFlagAction
-from actions.log import LogAction
-from actions.slack import SlackAction
-from actions.vllm_restart import VllmRestartAction
+from specguard.actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
+from specguard.actions.feature_flag import FeatureFlagAction
+from specguard.actions.log import LogAction
+from specguard.actions.slack import SlackAction
+from specguard.actions.vllm_restart import VllmRestartAction
 
 ACTION_TYPES: dict[str, type[Action]] = {
     cls.type: cls for cls in (LogAction, FeatureFlagAction, SlackAction, VllmRestartAction)

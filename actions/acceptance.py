@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from common.sequential import Decision, Sprt, alpha_hat, chain_trials, round_dispersion
+from specguard.common.sequential import Decision, Sprt, alpha_hat, chain_trials, round_dispersion
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 DRAFTS = "vllm:spec_decode_num_drafts"

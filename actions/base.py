@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rules.durations import Duration
+from specguard.rules.durations import Duration
+from specguard.store.records import RunOutcome
 
 
 class Budget(BaseModel):
@@ -86,20 +87,6 @@ class ActionContext:
     memory: ActionMemory | None = None
     # What the event's other actions did before this one ran (for actions that tell of them).
     outcomes: tuple[RunOutcome, ...] = ()
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How one action run ended: what a notifying action tells about the others."""
-
-    rule: str
-    series: str
-    event: str  # firing | resolved
-    action: str
-    mode: str  # run | restore
-    status: str  # ok | failed
-    detail: str
-    at: float  # when it ended
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from actions.base import Action, ActionContext, ActionParams, Outcome
+from specguard.actions.base import Action, ActionContext, ActionParams, Outcome
 
 log = logging.getLogger("specguard.action.log")
 

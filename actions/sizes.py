@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-from common.sizes import parse_size
+from specguard.common.sizes import parse_size
 
 SMALLEST_LIMIT = 1024  # a limit below this would refuse an ordinary error page
 LARGEST_LIMIT = 1 << 30

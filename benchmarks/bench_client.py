@@ -21,11 +21,11 @@ from pathlib import Path
 
 import aiohttp
 
-from playbook.bench import client
-from playbook.bench.load import Load, run
-from playbook.bench.prompts import Prompt
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import start_simulator
+from specguard.playbook.bench import client
+from specguard.playbook.bench.load import Load, run
+from specguard.playbook.bench.prompts import Prompt
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import start_simulator
 
 PROMPTS = [Prompt("chat", f"prompt number {i}") for i in range(32)]
 MAX_TOKENS = 64

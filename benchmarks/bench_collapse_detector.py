@@ -50,13 +50,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.engine import SeriesState, State
-from daemon.evaluation import evaluate_rule
-from daemon.loading import LoadedRule
-from daemon.loading import load as load_config
-from daemon.sources.base import Series, SourceResult
-from rules.signals import Signal
-from sim.model import beta_parameters
+from specguard.config.loading import LoadedRule
+from specguard.config.loading import load as load_config
+from specguard.daemon.evaluation import evaluate_rule
+from specguard.rules.signals import Signal
+from specguard.sim.model import beta_parameters
+from specguard.sources.base import Series, SourceResult
+from specguard.store.records import SeriesState, State
 
 WINDOW = 5.0  # the shipped detector's interval, a window per evaluation
 PLAYBOOK_WINDOW = 60.0  # the playbook rule's window and interval
@@ -311,7 +311,7 @@ async def false_alarms(
 
 
 def _window_phi(detector: dict[str, Any]) -> float:
-    from common.sequential import Dispersion
+    from specguard.common.sequential import Dispersion
 
     value = Dispersion.from_json(detector["warmup"]).window_phi
     return value if value is not None else math.nan
@@ -381,7 +381,7 @@ def dispersion_by_scale(k: int, load: str, heavy: bool, days: int, seed: int) ->
     """What phi should be, against what a warm-up learns: Pearson's dispersion of sums over 2, 5
     and 10 minutes of in-control traffic (``days`` of it), and the phi of one-hour warm-ups every
     two hours of the same traffic."""
-    from common.sequential import Dispersion
+    from specguard.common.sequential import Dispersion
 
     traffic = Traffic(np.random.default_rng(seed), k, LOADS[load], heavy=heavy)
     n = int(days * DAY / WINDOW)

@@ -116,7 +116,7 @@ async def start(count: int, directory: Path, runner: web.AppRunner) -> Running:
     started = time.monotonic()
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "run", "--config", str(config), "--log-format", "json"],
+            [sys.executable, "-m", "specguard", "run", "--config", str(config), "--log-format", "json"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
         )  # fmt: skip
     async with aiohttp.ClientSession() as session:

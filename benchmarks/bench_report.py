@@ -40,12 +40,12 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for tests/
 
-from daemon import history
-from daemon.baseline import Baseline, parse_baseline
-from daemon.exposition import parse_exposition
-from daemon.store import Store
-from report import charts, render, weekly
-from report.build import build
+from specguard.report import charts, render, weekly
+from specguard.report.build import build
+from specguard.store import history
+from specguard.store.baseline import Baseline, parse_baseline
+from specguard.store.database import Store
+from specguard.store.exposition import parse_exposition
 from tests.week import Conditions, Server, Timeline
 
 T = TypeVar("T")

@@ -29,12 +29,12 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_pages import CAPTURE, grown
 
-from daemon.baseline import parse_baseline
-from daemon.evaluation import read_signal
-from daemon.exposition import parse_exposition
-from daemon.loading import load
-from daemon.sources.scrape import ScrapeSource
-from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
+from specguard.config.loading import load
+from specguard.daemon.evaluation import read_signal
+from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
+from specguard.sources.scrape import ScrapeSource
+from specguard.store.baseline import parse_baseline
+from specguard.store.exposition import parse_exposition
 
 TARGET = "http://127.0.0.1:8000/metrics"
 

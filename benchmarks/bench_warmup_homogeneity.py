@@ -35,8 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_collapse_detector import LOADS, WINDOW, Judge, Traffic, detector_answer, rules
-from common.homogeneity import Window
-from daemon.warmup import examine
+from specguard.common.homogeneity import Window
+from specguard.engine.warmup import examine
 
 HOUR = 720
 SCENARIOS = {

@@ -511,7 +511,7 @@ async def benchmark(args: argparse.Namespace, directory: Path) -> Results:
             "specguard",
             f"http://127.0.0.1:{port}",
             subprocess.Popen(
-                [sys.executable, "-m", "daemon", "run", "--config", str(config), "--log-format", "json"],
+                [sys.executable, "-m", "specguard", "run", "--config", str(config), "--log-format", "json"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
             ),
         )  # fmt: skip

@@ -34,7 +34,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.sequential import EDGE, Dispersion
+from specguard.common.sequential import EDGE, Dispersion
 
 FALSE_REJECTION = 0.01  # p: at most this share of one-level warm-ups is rejected (nominal)
 NOISE_MULTIPLE = 8.0  # windows farther than this many times s (the moving range's) from m are left out of φ

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from common.paths import ConfigPath
+from specguard.common.paths import ConfigPath
 
 
 def read_secret(path: Path, what: str) -> str:

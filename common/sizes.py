@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from common.http import size_text
+from specguard.common.http import size_text
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?")
 _UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}

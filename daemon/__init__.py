@@ -1,8 +1,1 @@
-"""specguard: keeps speculative decoding on vLLM healthy."""
-
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("specguard")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
+"""The running daemon: its lifecycle, the scheduled round, Alertmanager intake, reload and status."""

@@ -11,24 +11,15 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 
-from daemon import detection
-from daemon.alertmanager.book import AlertBook, Receipt
-from daemon.baseline import Baseline
-from daemon.engine import (
-    SCHEDULE,
-    Outcome,
-    RuleSpec,
-    SeriesState,
-    State,
-    Threshold,
-    ThresholdFor,
-    evaluate,
-    series_key,
-)
-from daemon.loading import LoadedRule
-from daemon.sources.base import Invalid, Source, SourceResult
-from rules.conditions import MissingBaseline
-from rules.signals import CATALOG, Kind, Signal, get_signal
+from specguard.config.loading import LoadedRule
+from specguard.daemon.alertmanager.book import AlertBook, Receipt
+from specguard.engine import detection
+from specguard.engine.states import Outcome, RuleSpec, Threshold, ThresholdFor, evaluate, series_key
+from specguard.rules.conditions import MissingBaseline
+from specguard.rules.signals import CATALOG, Kind, Signal, get_signal
+from specguard.sources.base import Invalid, Source, SourceResult
+from specguard.store.baseline import Baseline
+from specguard.store.records import SCHEDULE, SeriesState, State
 
 log = logging.getLogger("specguard")
 

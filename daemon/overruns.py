@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from daemon.selfmetrics import DaemonMetrics
+from specguard.metrics.registry import DaemonMetrics
 
 log = logging.getLogger("specguard")
 

@@ -18,12 +18,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from actions import Action
-from actions.feature_flag import FeatureFlagAction, record_of
-from actions.vllm_restart import VllmRestartAction
-from daemon.dispatch import silences
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store, StoreError
+from specguard.actions import Action
+from specguard.actions.feature_flag import FeatureFlagAction, record_of
+from specguard.actions.vllm_restart import VllmRestartAction
+from specguard.dispatch import silences
+from specguard.store.database import Store, StoreError
+from specguard.store.memory import StoreMemory
 
 # Changes of a ladder shown with it (``specguard ladder show`` lists more).
 LADDER_LOG = 3

@@ -30,9 +30,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from common.secrets import bearer_matches
-from daemon.dispatch import silences
-from daemon.statusview import Condition, Section, Tone, View, build, clock, match_text
+from specguard.common.secrets import bearer_matches
+from specguard.daemon.statusview import Condition, Section, Tone, View, build, clock, match_text
+from specguard.dispatch import silences
 
 log = logging.getLogger("specguard.page")
 

@@ -17,26 +17,30 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExe
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from common.schedule import cron, last_due
-from daemon import __version__, history, overview, page, systemd
-from daemon.alertmanager.book import AlertBook, Receipt, trigger_of
-from daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
-from daemon.alertmanager.payload import Message
-from daemon.alertmanager.receiver import make_handler
-from daemon.config import Config
-from daemon.dispatch import Dispatcher, ladder, silences
-from daemon.engine import SCHEDULE, Outcome, SeriesState, State, Verdict
-from daemon.evaluation import evaluate_rule, window_of
-from daemon.loading import Loaded, LoadedRule, load
-from daemon.overruns import Overruns
-from daemon.selfmetrics import DaemonMetrics
-from daemon.server import Webhook, start_server
-from daemon.sources.base import Source, SourceResult
-from daemon.status import health as health_of
-from daemon.status import rule_rows, status_line
-from daemon.store import EventRecord, Store, StoreError
-from rules.durations import format_duration
-from rules.matchers import all_match
+from specguard import __version__
+from specguard.common.schedule import cron, last_due
+from specguard.config.loading import Loaded, LoadedRule, load
+from specguard.config.schema import Config
+from specguard.daemon import overview, page, systemd
+from specguard.daemon.alertmanager.book import AlertBook, Receipt, trigger_of
+from specguard.daemon.alertmanager.inbox import RECEIPT_RETENTION, Inbox, Stored
+from specguard.daemon.alertmanager.payload import Message
+from specguard.daemon.alertmanager.receiver import make_handler
+from specguard.daemon.evaluation import evaluate_rule, window_of
+from specguard.daemon.overruns import Overruns
+from specguard.daemon.reports import WeeklyReports
+from specguard.daemon.server import Webhook, start_server
+from specguard.daemon.status import health as health_of
+from specguard.daemon.status import rule_rows, status_line
+from specguard.dispatch import Dispatcher, ladder, silences
+from specguard.engine.states import Outcome
+from specguard.metrics.registry import DaemonMetrics
+from specguard.rules.durations import format_duration
+from specguard.rules.matchers import all_match
+from specguard.sources.base import Source, SourceResult
+from specguard.store import history
+from specguard.store.database import EventRecord, Store, StoreError
+from specguard.store.records import SCHEDULE, SeriesState, State, Verdict
 
 log = logging.getLogger("specguard")
 
@@ -53,13 +57,13 @@ def make_source(loaded: Loaded) -> Source:
     """The configured source. Prometheus is imported only when it is used."""
     config, retention = loaded.config, retention_for(loaded)
     if config.sources.prometheus is not None:
-        from daemon.sources.prometheus import PrometheusSource
+        from specguard.sources.prometheus import PrometheusSource
 
         p = config.sources.prometheus
         return PrometheusSource(
             p.url, p.timeout, bearer_token=loaded.prometheus_token, verify_tls=p.verify_tls
         )
-    from daemon.sources.scrape import ScrapeSource
+    from specguard.sources.scrape import ScrapeSource
 
     scrape = config.scrape
     return ScrapeSource(
@@ -78,7 +82,7 @@ def make_history_source(config: Config) -> Any:
     """The scrape of ``history.scrape`` when the Prometheus source leaves history without samples."""
     if config.sources.prometheus is None or config.history.scrape is None or not config.history.enabled:
         return None
-    from daemon.sources.scrape import ScrapeSource
+    from specguard.sources.scrape import ScrapeSource
 
     scrape = config.history.scrape
     return ScrapeSource(
@@ -109,8 +113,10 @@ class Daemon:
         config_file: Path | None = None,
         rule_files: Sequence[str] = (),
         overrides: Mapping[str, Any] | None = None,
+        reports: WeeklyReports | None = None,
     ):
         self.loaded = loaded
+        self.reports = reports  # the weekly report's job; None: no report is made
         self.config_file = config_file
         self.rule_files = list(rule_files)
         self.overrides = dict(overrides or {})
@@ -360,7 +366,7 @@ class Daemon:
                     id="scrape-history",
                     next_run_time=now,
                 )
-        if config.report.schedule is not None:
+        if config.report.schedule is not None and self.reports is not None:
             # Only the time of day counts: a run the daemon missed is made once, at start.
             self.scheduler.add_job(
                 self._weekly_report,
@@ -429,8 +435,9 @@ class Daemon:
     async def _weekly_report(self, scheduled: float | None = None) -> None:
         """The report of the period from the schedule's previous time to ``scheduled`` (the
         schedule's time now, by default); posted to Slack when the config names a slack action."""
-        from report import weekly
-
+        weekly = self.reports
+        if weekly is None:
+            return
         config = self.loaded.config
         job = self.scheduler.get_job("report") if self.scheduler is not None else None
         trigger = (
@@ -460,10 +467,9 @@ class Daemon:
 
     async def _catch_up_report(self) -> None:
         """Make the last report the daemon missed while it was down, once."""
-        from report import weekly
-
+        weekly = self.reports
         config = self.loaded.config
-        if config.report.schedule is None:
+        if weekly is None or config.report.schedule is None:
             return
         try:
             due = await weekly.missed(

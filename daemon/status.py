@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from daemon import __version__
-from daemon.detection import shown
-from daemon.engine import SeriesState, State
-from daemon.loading import LoadedRule
-from rules.durations import format_duration
-from rules.schema import Detect
+from specguard import __version__
+from specguard.config.loading import LoadedRule
+from specguard.engine.detection import shown
+from specguard.rules.durations import format_duration
+from specguard.rules.schema import Detect
+from specguard.store.records import SeriesState, State
 
 # A round is late when it has not happened for this many of its intervals (at least MIN_STALL).
 STALL_INTERVALS = 3

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from rules.durations import format_duration
+from specguard.rules.durations import format_duration
 
 
 class Tone(StrEnum):

@@ -13,11 +13,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from daemon import history
-from daemon.baseline import Baseline
-from daemon.history import Span
-from report import figures as fig
-from report.model import HEADLINE, LATENCY, VERSION, Report, headline
+from specguard.report import figures as fig
+from specguard.report.model import HEADLINE, LATENCY, VERSION, Report, headline
+from specguard.store import history
+from specguard.store.baseline import Baseline
+from specguard.store.history import Span
 
 # Per-day, per-hour and hour-by-hour figures: the acceptance family.
 _ACCEPTANCE = ("acceptance_rate", "mean_acceptance_length", "estimated_speedup", "drafts")
@@ -55,7 +55,7 @@ def build(
             float(_count_of(now_labels, item["instance"], item["model"])),
             float(_count_of(before_labels, item["instance"], item["model"])),
         )
-    from report.recommend import recommendations
+    from specguard.report.recommend import recommendations
 
     return {
         "specguard_report": VERSION,

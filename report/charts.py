@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from report.model import LATENCY, Report
+from specguard.report.model import LATENCY, Report
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -15,8 +15,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from daemon.history import DRAFTS_BY_K, MINUTE, Components, Span, merge
-from daemon.sources.scrape import bucket_quantile
+from specguard.sources.scrape import bucket_quantile
+from specguard.store.history import DRAFTS_BY_K, MINUTE, Components, Span, merge
 
 QUANTILES: dict[str, tuple[str, float]] = {
     "ttft_p50": ("ttft", 0.5),

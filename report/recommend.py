@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from report.model import change
-from report.speedup import K_MAX, BestK, best_k, tail_rate
+from specguard.report.model import change
+from specguard.report.speedup import K_MAX, BestK, best_k, tail_rate
 
 Series = Mapping[str, Any]
 Recommendation = dict[str, Any]

@@ -24,9 +24,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common.files import write_atomically
-from report import charts
-from report.model import HEADLINE, Report
+from specguard.common.files import write_atomically
+from specguard.report import charts
+from specguard.report.model import HEADLINE, Report
 
 FORMATS: tuple[str, ...] = ("md", "html", "json")
 

@@ -13,7 +13,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from actions.slack.message import BLOCKS_MAX, HEADER_MAX, SECTION_MAX, TEXT_MAX, cut
+from specguard.actions.slack.message import BLOCKS_MAX, HEADER_MAX, SECTION_MAX, TEXT_MAX, cut
 
 MISSING = "\u2013"  # an en dash: no data
 TIMES = "\u00d7"  # a multiplication sign: 2.40x

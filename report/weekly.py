@@ -21,11 +21,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from common.schedule import last_due, previous_fire
-from daemon.baseline import Baseline
-from daemon.store import Store, transaction
-from report.build import build
-from report.model import Report
+from specguard.common.schedule import last_due, previous_fire
+from specguard.report.build import build
+from specguard.report.model import Report
+from specguard.store.baseline import Baseline
+from specguard.store.database import Store, transaction
 
 log = logging.getLogger("specguard.report")
 
@@ -35,7 +35,7 @@ FURTHEST = timedelta(days=9 * 366)
 
 
 def charts_missing() -> str | None:
-    from report import charts
+    from specguard.report import charts
 
     return charts.available()
 
@@ -72,7 +72,7 @@ async def make(
 
 
 def _write(report: Report, formats: Sequence[str], out_dir: Path) -> list[Path]:
-    from report import charts, render
+    from specguard.report import charts, render
 
     drawn = charts.charts(report) if charts.available() is None else []  # once for every format
     paths: list[Path] = []
@@ -84,10 +84,10 @@ def _write(report: Report, formats: Sequence[str], out_dir: Path) -> list[Path]:
 async def post(store: Store, actions: Mapping[str, Any], name: str, report: Report, out_dir: Path) -> str:
     """Queue ``report``'s summary and charts in the outbox of the slack action ``name``; the
     dispatcher's loop delivers them (retried, never twice: the report's period is its id)."""
-    from actions.slack import SlackAction
-    from daemon.dispatch.memory import StoreMemory
-    from report import charts, render
-    from report.slack import summary
+    from specguard.actions.slack import SlackAction
+    from specguard.report import charts, render
+    from specguard.report.slack import summary
+    from specguard.store.memory import StoreMemory
 
     action = actions.get(name)
     if not isinstance(action, SlackAction):

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from rules.durations import format_duration
-from rules.schema import NoDataPolicy, Rule
-from rules.templates import render
+from specguard.rules.durations import format_duration
+from specguard.rules.schema import NoDataPolicy, Rule
+from specguard.rules.templates import render
 
 
 class Wording(StrEnum):

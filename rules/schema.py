@@ -20,11 +20,11 @@ from pydantic import (
     model_validator,
 )
 
-from rules.conditions import Condition, parse_condition
-from rules.durations import Duration, Interval
-from rules.matchers import Matcher, all_match, parse_matchers
-from rules.signals import CATALOG
-from rules.templates import check_template, fields_of, root_of
+from specguard.rules.conditions import Condition, parse_condition
+from specguard.rules.durations import Duration, Interval
+from specguard.rules.matchers import Matcher, all_match, parse_matchers
+from specguard.rules.signals import CATALOG
+from specguard.rules.templates import check_template, fields_of, root_of
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

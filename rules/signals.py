@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from rules.durations import format_duration
-from rules.matchers import Matcher
+from specguard.rules.durations import format_duration
+from specguard.rules.matchers import Matcher
 
 
 class Kind(StrEnum):

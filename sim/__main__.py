@@ -1,15 +1,15 @@
-"""``python -m sim``: the simulator without the specguard command."""
+"""``python -m specguard.sim``: the simulator without the specguard command."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from sim.cli import add_arguments, parse_args, run
+from specguard.sim.cli import add_arguments, parse_args, run
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim")
+    parser = argparse.ArgumentParser(prog="python -m specguard.sim")
     add_arguments(parser)
     return run(parse_args(parser, sys.argv[1:]))
 

@@ -1,4 +1,4 @@
-"""``specguard simulate`` (and ``python -m sim``): run a vLLM-compatible simulator in the foreground.
+"""``specguard simulate`` (and ``python -m specguard.sim``): run a vLLM-compatible simulator in the foreground.
 
 Arguments mirror ``vllm serve`` where they overlap, so a vLLM command line or ``--config`` file can
 be pointed at the simulator; the rest are the knobs of the decoding model.
@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from daemon import logs
-from daemon.yamlfile import FileProblems
-from sim import vllm_args
-from sim.options import (
+from specguard.common import logs
+from specguard.common.yamlfile import FileProblems
+from specguard.sim import vllm_args
+from specguard.sim.options import (
     DEFAULT_ACCEPTANCE,
     DEFAULT_BATCH_SLOWDOWN,
     DEFAULT_BLOCK_SIZE,
@@ -36,7 +36,7 @@ from sim.options import (
     parse_acceptance_list,
     parse_probability,
 )
-from sim.server import start_simulator
+from specguard.sim.server import start_simulator
 
 log = logging.getLogger("sim")
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from sim import model
-from sim.options import SimOptions, check_acceptance
-from sim.prefix_cache import PrefixCache, block_hashes
-from sim.records import RequestRecord, StepRecord
-from sim.tokens import TokenText
+from specguard.sim import model
+from specguard.sim.options import SimOptions, check_acceptance
+from specguard.sim.prefix_cache import PrefixCache, block_hashes
+from specguard.sim.records import RequestRecord, StepRecord
+from specguard.sim.tokens import TokenText
 
 log = logging.getLogger(__name__)
 

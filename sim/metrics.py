@@ -40,9 +40,9 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 
-from sim.engine import Engine, EngineStep
-from sim.options import SimOptions
-from sim.records import RequestRecord
+from specguard.sim.engine import Engine, EngineStep
+from specguard.sim.options import SimOptions
+from specguard.sim.records import RequestRecord
 
 LABELS = ("model_name", "engine")
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")

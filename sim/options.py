@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from daemon.yamlfile import FileProblems, LineDict, Problem, load_yaml
+from specguard.common.yamlfile import FileProblems, LineDict, Problem, load_yaml
 
 if TYPE_CHECKING:
-    from sim.scenario import Scenario
+    from specguard.sim.scenario import Scenario
 
 # Conditional acceptance of a trained EAGLE-style head at temperature 0: EAGLE-1 Table 2 measures
 # 0-alpha of 0.74-0.79 at position 0 (speculative-math.md section 3); 0.8 is that, rounded.
@@ -139,7 +139,7 @@ class SimOptions:
             _finite(self.acceptance_spread) and self.acceptance_spread >= 0, "acceptance spread must be >= 0"
         )
         if self.acceptance_spread > 0:
-            from sim.model import beta_parameters
+            from specguard.sim.model import beta_parameters
 
             try:
                 beta_parameters(self.acceptance_by_position[0], self.acceptance_spread)
@@ -392,7 +392,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
     Raises OptionsError or FileProblems (the scenario file's or the config file's).
     """
-    from sim.scenario import load_scenario  # a cycle otherwise: scenario needs nothing from here
+    from specguard.sim.scenario import load_scenario  # a cycle otherwise: scenario needs nothing from here
 
     config = _config_file(args)
     values: dict[str, Any] = {}

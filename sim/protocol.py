@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sim.tokens import VOCAB_SIZE, TokenLogprob, chat_prompt_token_ids, text_token_ids
+from specguard.sim.tokens import VOCAB_SIZE, TokenLogprob, chat_prompt_token_ids, text_token_ids
 
 VLLM_VERSION = "0.32.0"
 # vLLM's default temperature when neither the request nor the model's generation_config.json sets

@@ -27,9 +27,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from daemon.yamlfile import FileProblems, Problem, load_yaml, validation_problems
-from rules.durations import Duration
-from sim.engine import Engine
+from specguard.common.yamlfile import FileProblems, Problem, load_yaml, validation_problems
+from specguard.rules.durations import Duration
+from specguard.sim.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from typing import Literal
 
 from aiohttp import web
 
-from sim.engine import Engine, EngineStopped, GenerationParams, RequestHandle, StepOutput
-from sim.metrics import VllmMetrics
-from sim.options import SimOptions
-from sim.protocol import (
+from specguard.sim.engine import Engine, EngineStopped, GenerationParams, RequestHandle, StepOutput
+from specguard.sim.metrics import VllmMetrics
+from specguard.sim.options import SimOptions
+from specguard.sim.protocol import (
     VLLM_VERSION,
     ChatCompletionRequest,
     Choice,
@@ -48,11 +48,11 @@ from sim.protocol import (
     system_fingerprint,
     usage,
 )
-from sim.records import GroundTruthLog, RequestRecord
-from sim.router import Router
-from sim.scenario import run_scenario
-from sim.tokenize import tokenize
-from sim.tokens import Logprobs, TokenLogprob
+from specguard.sim.records import GroundTruthLog, RequestRecord
+from specguard.sim.router import Router
+from specguard.sim.scenario import run_scenario
+from specguard.sim.tokenize import tokenize
+from specguard.sim.tokens import Logprobs, TokenLogprob
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.protocol import ChatMessage, OpenBody, RequestError, invalid, parse_body
-from sim.tokens import chat_prompt_token_ids, text_token_ids
+from specguard.sim.protocol import ChatMessage, OpenBody, RequestError, invalid, parse_body
+from specguard.sim.tokens import chat_prompt_token_ids, text_token_ids
 
 
 class TokenizeRequest(OpenBody):

@@ -26,9 +26,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import Simulator, start_simulator
-from sim.traffic import Traffic
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import Simulator, start_simulator
+from specguard.sim.traffic import Traffic
 from tests.ports import free_port
 from tests.processes import Daemon
 from tests.real import require_binary
@@ -60,7 +60,7 @@ rules:
 async def specguard_output(*args: str, cwd: Path) -> str:
     """stdout of a one-shot `specguard` command; the test fails with its stderr if it fails."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", *args, cwd=cwd,
+        sys.executable, "-m", "specguard", *args, cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)

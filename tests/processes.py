@@ -29,7 +29,7 @@ async def specguard(
     On timeout the process is killed and the test fails with what it printed."""
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", *args,
+        sys.executable, "-m", "specguard", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd,
         env=None if env is None else dict(env),
     )  # fmt: skip
@@ -52,7 +52,7 @@ class Daemon:
     """One `specguard run` process, its JSON log in a file, polled through its HTTP server."""
 
     def __init__(
-        self, config: Path, port: int, log: Path, program: Sequence[str] = (sys.executable, "-m", "daemon")
+        self, config: Path, port: int, log: Path, program: Sequence[str] = (sys.executable, "-m", "specguard")
     ):
         """``program``: how specguard is started (this tree's, by default; an installed one's path)."""
         self.config, self.port, self.log = config, port, log

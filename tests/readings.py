@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from daemon.sources.base import SourceResult
-from rules.signals import Signal
+from specguard.rules.signals import Signal
+from specguard.sources.base import SourceResult
 
 INSTANCE = "vllm-a:8000"
 

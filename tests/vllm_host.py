@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from actions.vllm_restart import VllmRestartAction, VllmRestartParams, speculative
+from specguard.actions.vllm_restart import VllmRestartAction, VllmRestartParams, speculative
 from tests.ports import free_port
 
 DRAFT = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": 4}
@@ -26,7 +26,7 @@ class Host:
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = tmp / "service"
         self.style = style
-        sim = [sys.executable, "-m", "daemon", "simulate", "--port", str(self.port), "--startup-delay", "0.3",
+        sim = [sys.executable, "-m", "specguard", "simulate", "--port", str(self.port), "--startup-delay", "0.3",
                "--step-time", "0.002", "--acceptance-by-position", "0.9", *options]  # fmt: skip
         supervise = [sys.executable, "-m", "tests.supervisor", "restart", "--state", str(self.state)]
         if style == "env":

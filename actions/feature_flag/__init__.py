@@ -31,9 +31,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from actions.base import Action, ActionContext, ActionMemory, ActionParams, Holding, Outcome
-from actions.feature_flag.answers import FollowRedirects
-from actions.feature_flag.backends import (
+from specguard.actions.base import Action, ActionContext, ActionMemory, ActionParams, Holding, Outcome
+from specguard.actions.feature_flag.answers import FollowRedirects
+from specguard.actions.feature_flag.backends import (
     Backend,
     BackendError,
     FileBackend,
@@ -41,12 +41,12 @@ from actions.feature_flag.backends import (
     HttpBackend,
     HttpParams,
 )
-from actions.feature_flag.canary import Canary, CanaryParams
-from actions.sizes import ResponseSize
-from common.http import MAX_RESPONSE_SIZE
-from common.locks import named_lock
-from common.secrets import read_if_given
-from rules.durations import Duration, format_duration, format_wait
+from specguard.actions.feature_flag.canary import Canary, CanaryParams
+from specguard.actions.sizes import ResponseSize
+from specguard.common.http import MAX_RESPONSE_SIZE
+from specguard.common.locks import named_lock
+from specguard.common.secrets import read_if_given
+from specguard.rules.durations import Duration, format_duration, format_wait
 
 STATE_KEY = "flag"
 KEEP_SPANS = 500  # engagements remembered (with their restore) for the weekly report

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import aiohttp
 from yarl import URL
 
-from common.http import MAX_RESPONSE_SIZE, TooLarge, read_limited, strict_json
+from specguard.common.http import MAX_RESPONSE_SIZE, TooLarge, read_limited, strict_json
 
 FollowRedirects = Literal["never", "same_origin"]
 MAX_REDIRECTS = 5  # hops followed at most, with ``same_origin``

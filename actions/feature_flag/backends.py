@@ -15,13 +15,13 @@ import aiohttp
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from actions.feature_flag.answers import QUOTE, AnswerError, FollowRedirects, fetch
-from common.commands import CommandError, run_command
-from common.files import read_or_none, write_atomically, write_target
-from common.http import MAX_RESPONSE_SIZE, retry_after
-from common.paths import ConfigPath
-from common.secrets import SecretRef
-from rules.durations import Duration, format_wait
+from specguard.actions.feature_flag.answers import QUOTE, AnswerError, FollowRedirects, fetch
+from specguard.common.commands import CommandError, run_command
+from specguard.common.files import read_or_none, write_atomically, write_target
+from specguard.common.http import MAX_RESPONSE_SIZE, retry_after
+from specguard.common.paths import ConfigPath
+from specguard.common.secrets import SecretRef
+from specguard.rules.durations import Duration, format_wait
 
 # The most a retry waits, however many came before it.
 MAX_BACKOFF = 30.0

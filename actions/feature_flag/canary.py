@@ -15,12 +15,12 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from actions.acceptance import SprtParams, Totals, sprt_probe, totals
-from actions.feature_flag.answers import QUOTE, Answer, AnswerError, FollowRedirects, fetch
-from common.http import MAX_RESPONSE_SIZE
-from common.secrets import SecretRef
-from common.sequential import Decision
-from rules.durations import Duration
+from specguard.actions.acceptance import SprtParams, Totals, sprt_probe, totals
+from specguard.actions.feature_flag.answers import QUOTE, Answer, AnswerError, FollowRedirects, fetch
+from specguard.common.http import MAX_RESPONSE_SIZE
+from specguard.common.secrets import SecretRef
+from specguard.common.sequential import Decision
+from specguard.rules.durations import Duration
 
 log = logging.getLogger("specguard.action.feature_flag")
 CUT = 300  # a failed canary's reason is cut to this many characters

@@ -40,15 +40,16 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome, RunOutcome
-from actions.sizes import ResponseSize
-from actions.slack import message
-from actions.slack import outbox as box
-from actions.slack.sending import EVENT_TYPE, find, posted, upload
-from actions.slack.web import Failed, Retry, Skipped, Slack
-from common.http import MAX_RESPONSE_SIZE
-from common.secrets import SecretRef, read_if_given
-from rules.durations import Duration
+from specguard.actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
+from specguard.actions.sizes import ResponseSize
+from specguard.actions.slack import message
+from specguard.actions.slack import outbox as box
+from specguard.actions.slack.sending import EVENT_TYPE, find, posted, upload
+from specguard.actions.slack.web import Failed, Retry, Skipped, Slack
+from specguard.common.http import MAX_RESPONSE_SIZE
+from specguard.common.secrets import SecretRef, read_if_given
+from specguard.rules.durations import Duration
+from specguard.store.records import RunOutcome
 
 __all__ = ["Failed", "Retry", "Skipped", "SlackAction", "SlackParams"]
 

@@ -16,7 +16,7 @@ import time
 from pathlib import PurePath
 from typing import Any
 
-from actions.base import RunOutcome
+from specguard.store.records import RunOutcome
 
 KEEP_INCIDENTS = 7 * 86400.0  # a resolved incident's thread gets news (a late restore) this long
 REPORT = "report|"  # a report's pseudo-incident: report|<report id>

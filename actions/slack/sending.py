@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from actions.slack.web import Retry, Skipped, Slack
+from specguard.actions.slack.web import Retry, Skipped, Slack
 
 log = logging.getLogger("specguard.action.slack")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from common.http import TooLarge, json_limited, read_limited, retry_after
+from specguard.common.http import TooLarge, json_limited, read_limited, retry_after
 
 # Errors that no amount of waiting mends (Slack's documented ``error`` codes of the methods called
 # here): the notice is marked failed for good. Any other ``ok: false`` is tried again.

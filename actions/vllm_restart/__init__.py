@@ -31,19 +31,19 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from actions.base import Action, ActionContext, ActionMemory, ActionParams, Holding, Outcome
-from actions.feature_flag import FeatureFlagAction
-from actions.vllm_restart import speculative
-from actions.vllm_restart.params import EnvFile as EnvFile
-from actions.vllm_restart.params import VllmConfigFile as VllmConfigFile
-from actions.vllm_restart.params import VllmRestartParams as VllmRestartParams
-from actions.vllm_restart.process import StatusCommandWatch, UnitWatch, Watch
-from actions.vllm_restart.server import NotReady, Server
-from common.commands import CommandError, run_command
-from common.files import read_or_none, write_atomically
-from common.locks import named_lock
-from common.secrets import read_if_given
-from common.sequential import Decision
+from specguard.actions.base import Action, ActionContext, ActionMemory, ActionParams, Holding, Outcome
+from specguard.actions.feature_flag import FeatureFlagAction
+from specguard.actions.vllm_restart import speculative
+from specguard.actions.vllm_restart.params import EnvFile as EnvFile
+from specguard.actions.vllm_restart.params import VllmConfigFile as VllmConfigFile
+from specguard.actions.vllm_restart.params import VllmRestartParams as VllmRestartParams
+from specguard.actions.vllm_restart.process import StatusCommandWatch, UnitWatch, Watch
+from specguard.actions.vllm_restart.server import NotReady, Server
+from specguard.common.commands import CommandError, run_command
+from specguard.common.files import read_or_none, write_atomically
+from specguard.common.locks import named_lock
+from specguard.common.secrets import read_if_given
+from specguard.common.sequential import Decision
 
 log = logging.getLogger("specguard.action.vllm_restart")
 

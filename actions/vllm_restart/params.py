@@ -8,13 +8,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from actions.acceptance import SprtParams
-from actions.base import ActionParams, Budget
-from actions.sizes import ResponseSize
-from common.http import MAX_RESPONSE_SIZE
-from common.paths import ConfigPath
-from common.secrets import SecretRef
-from rules.durations import Duration, format_duration
+from specguard.actions.acceptance import SprtParams
+from specguard.actions.base import ActionParams, Budget
+from specguard.actions.sizes import ResponseSize
+from specguard.common.http import MAX_RESPONSE_SIZE
+from specguard.common.paths import ConfigPath
+from specguard.common.secrets import SecretRef
+from specguard.rules.durations import Duration, format_duration
 
 
 class EnvFile(BaseModel):

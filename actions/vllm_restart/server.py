@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from actions.acceptance import SprtParams, Verdict, sprt_probe
-from common.http import MAX_RESPONSE_SIZE, TooLarge, json_limited, read_limited
+from specguard.actions.acceptance import SprtParams, Verdict, sprt_probe
+from specguard.common.http import MAX_RESPONSE_SIZE, TooLarge, json_limited, read_limited
 
 log = logging.getLogger("specguard.action.vllm_restart")
 

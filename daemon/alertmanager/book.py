@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from daemon.engine import series_key
-from daemon.loading import LoadedRule
-from daemon.sources.base import SourceResult
-from rules.matchers import Matcher, all_match
+from specguard.config.loading import LoadedRule
+from specguard.engine.states import series_key
+from specguard.rules.matchers import Matcher, all_match
+from specguard.sources.base import SourceResult
 
 # A resolved alert is kept this long, so its series reads "ok" (and resolves through
 # keep_firing_for) before it goes quiet and is eventually forgotten.

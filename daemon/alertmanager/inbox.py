@@ -18,9 +18,9 @@ from functools import partial
 
 from pydantic_core import to_json
 
-from daemon.alertmanager.book import Receipt
-from daemon.alertmanager.payload import Message
-from daemon.store import Store, transaction
+from specguard.daemon.alertmanager.book import Receipt
+from specguard.daemon.alertmanager.payload import Message
+from specguard.store.database import Store, transaction
 
 # Deliveries written in one transaction at most: a burst is split, so no write holds the store long.
 MAX_BATCH = 256

@@ -21,11 +21,11 @@ from typing import Protocol
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from common.secrets import bearer_matches
-from daemon.alertmanager.inbox import Stored
-from daemon.alertmanager.payload import BadPayload, Message, parse
-from daemon.selfmetrics import DaemonMetrics
-from daemon.store import StoreError
+from specguard.common.secrets import bearer_matches
+from specguard.daemon.alertmanager.inbox import Stored
+from specguard.daemon.alertmanager.payload import BadPayload, Message, parse
+from specguard.metrics.registry import DaemonMetrics
+from specguard.store.database import StoreError
 
 log = logging.getLogger("specguard.webhook")
 

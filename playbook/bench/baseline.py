@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from common.files import write_atomically
-from daemon.baseline import parse_baseline
+from specguard.common.files import write_atomically
+from specguard.store.baseline import parse_baseline
 
 
 class BaselineWriteError(Exception):

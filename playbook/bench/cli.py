@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from playbook.bench.load import Load
-from playbook.bench.progress import ProgressLine
-from playbook.bench.prompts import CLASSES, PromptError, builtin, load_file
-from playbook.bench.runner import BenchError, Options, bench
-from playbook.bench.stats import summarize
+from specguard.playbook.bench.load import Load
+from specguard.playbook.bench.progress import ProgressLine
+from specguard.playbook.bench.prompts import CLASSES, PromptError, builtin, load_file
+from specguard.playbook.bench.runner import BenchError, Options, bench
+from specguard.playbook.bench.stats import summarize
 
 DESCRIPTION = """\
 Measure a vLLM server as its clients see it, through its OpenAI API (streamed, with usage):
@@ -138,7 +138,7 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from rules.durations import parse_duration
+    from specguard.rules.durations import parse_duration
 
     try:
         if args.prompts is not None:
@@ -202,7 +202,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace, report: dict[str, Any], measured_at: str) -> int:
-    from playbook.bench.baseline import BaselineWriteError, entry, write
+    from specguard.playbook.bench.baseline import BaselineWriteError, entry, write
 
     if report["partial"] and not args.allow_partial:
         print(f"specguard bench: not writing {args.write_baseline} from a run with failed requests "

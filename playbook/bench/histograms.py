@@ -18,10 +18,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.exposition import Snapshot, parse_exposition
-from daemon.sources.base import Series
-from daemon.sources.scrape import signal_over
-from rules.signals import CATALOG, E2E_LATENCY_COUNT
+from specguard.rules.signals import CATALOG, E2E_LATENCY_COUNT
+from specguard.sources.base import Series
+from specguard.sources.scrape import signal_over
+from specguard.store.exposition import Snapshot, parse_exposition
 
 # The signals a baseline holds, computed from the server's histograms as the rules compute them.
 HISTOGRAM_SIGNALS = (

@@ -11,8 +11,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from playbook.bench.client import Result
-from playbook.bench.prompts import Prompt
+from specguard.playbook.bench.client import Result
+from specguard.playbook.bench.prompts import Prompt
 
 
 @dataclass(frozen=True)

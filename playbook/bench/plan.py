@@ -20,8 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from playbook.bench.client import Api
-from playbook.bench.prompts import Prompt
+from specguard.playbook.bench.client import Api
+from specguard.playbook.bench.prompts import Prompt
 
 TOKENIZE_AT_ONCE = 8  # /tokenize requests in flight
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from playbook.bench import client
+from specguard.playbook.bench import client
 
 WIDTH = 79
 

@@ -81,7 +81,7 @@ def builtin(classes: Sequence[str] | None = None) -> list[Prompt]:
     prompts: list[Prompt] = []
     for name in wanted:
         label = BUILTIN_PREFIX + name
-        resource = resources.files("playbook.bench") / "prompts" / f"{name}.jsonl"
+        resource = resources.files("specguard.playbook.bench") / "prompts" / f"{name}.jsonl"
         try:
             data = resource.read_bytes()
         except OSError:  # the package was installed without its data files

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from playbook.bench import client, histograms, stats
-from playbook.bench.load import Load, run, warm_up
-from playbook.bench.plan import Plan, PlanError, count_tokens, plan
-from playbook.bench.prompts import Prompt
+from specguard.playbook.bench import client, histograms, stats
+from specguard.playbook.bench.load import Load, run, warm_up
+from specguard.playbook.bench.plan import Plan, PlanError, count_tokens, plan
+from specguard.playbook.bench.prompts import Prompt
 
 
 class BenchError(Exception):

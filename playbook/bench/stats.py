@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from playbook.bench.client import Result
+from specguard.playbook.bench.client import Result
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"

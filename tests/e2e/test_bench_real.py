@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from playbook.bench.prompts import builtin
+from specguard.playbook.bench.prompts import builtin
 from tests.e2e.realclient import SERVED_NAME, VllmServer
 from tests.real import require_vllm_python
 
@@ -67,7 +67,7 @@ def test_specguard_bench_agrees_with_vllm_bench_serve(
 
     def ours() -> list[float]:
         done = subprocess.run(
-            [sys.executable, "-m", "daemon", "bench", "--url", vllm_server.url, "--prompts", str(prompts),
+            [sys.executable, "-m", "specguard", "bench", "--url", vllm_server.url, "--prompts", str(prompts),
              "--num-prompts", str(REQUESTS), "--concurrency", str(CONCURRENCY), "--max-tokens", str(OUTPUT_TOKENS),
              "--warmup", "1", "--no-per-class", "--json"],
             capture_output=True, text=True, timeout=900, check=False,

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 import yaml
 
-from daemon.loading import builtin_pack, load
-from daemon.runtime import scrape_every
+from specguard.config.loading import builtin_pack, load
+from specguard.daemon.runtime import scrape_every
 from tests.e2e.realclient import VllmServer, traffic_loop
 from tests.processes import Daemon
 

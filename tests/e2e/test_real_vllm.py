@@ -24,11 +24,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_aiohttp import AiohttpServer
 
-from daemon.sources.base import Series
-from daemon.sources.scrape import ScrapeSource
-from rules.signals import DEFAULT_GROUP_BY, get_signal
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import start_simulator
+from specguard.rules.signals import DEFAULT_GROUP_BY, get_signal
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import start_simulator
+from specguard.sources.base import Series
+from specguard.sources.scrape import ScrapeSource
 from tests.e2e.realclient import (
     PROMPTS,
     SpecCounters,
@@ -346,7 +346,7 @@ async def test_the_restore_canary_reads_acceptance_from_the_real_server(vllm_ser
     """The feature_flag's canary, as a restore runs it: a few completions straight to the server,
     its spec_decode counters read before and after. The tiny model drafts for itself, so at
     temperature 0 (the canary's) nearly every draft token is accepted."""
-    from actions.feature_flag.canary import Canary, CanaryParams
+    from specguard.actions.feature_flag.canary import Canary, CanaryParams
 
     result = await Canary(CanaryParams(url=vllm_server.url, min_acceptance=0.5, requests=4), None).probe()
     assert result.ok, result.detail

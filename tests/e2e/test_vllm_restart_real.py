@@ -32,8 +32,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from actions.vllm_restart.server import positions
-from sim.traffic import Traffic
+from specguard.actions.vllm_restart.server import positions
+from specguard.sim.traffic import Traffic
 from tests.e2e.realclient import SERVED_NAME
 from tests.e2e.serving import STARTUP_TIMEOUT, build_model, offline_env, omp_cpus, tail
 from tests.ports import free_port
@@ -270,7 +270,7 @@ async def test_a_restart_cut_short_by_a_kill_is_verified_by_the_next_specguard(
     assert (await ladder(host))["k"] == 3
     started = time.monotonic()
     asking = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", "ladder", "up", "--config", str(host.specguard_config),
+        sys.executable, "-m", "specguard", "ladder", "up", "--config", str(host.specguard_config),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
 

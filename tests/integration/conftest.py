@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from daemon.store import Store
-from sim.slack_api import SlackApi, running
+from specguard.sim.slack_api import SlackApi, running
+from specguard.store.database import Store
 from tests.installed import Installed, build_and_install
 from tests.processes import Daemon
 from tests.prometheus_server import PrometheusServer, running_prometheus  # through pythonpath = ["."]

@@ -17,11 +17,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from daemon.sources.scrape import ScrapeSource
-from rules.signals import DEFAULT_GROUP_BY, get_signal
-from sim.options import SimOptions, SpeculativeConfig
-from sim.records import RequestRecord
-from sim.server import Simulator, start_simulator
+from specguard.rules.signals import DEFAULT_GROUP_BY, get_signal
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.records import RequestRecord
+from specguard.sim.server import Simulator, start_simulator
+from specguard.sources.scrape import ScrapeSource
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "tiny-llama"

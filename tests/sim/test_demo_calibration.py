@@ -11,12 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from daemon.detection import judge
-from daemon.engine import SeriesState
-from daemon.loading import load
-from daemon.sources.base import Series, SourceResult
-from sim.calibration import wait_calibrated
-from sim.demo import DETECTOR_RULE, _prepare, _write_config
+from specguard.config.loading import load
+from specguard.demo.calibration import wait_calibrated
+from specguard.demo.run import DETECTOR_RULE, _prepare, _write_config
+from specguard.engine.detection import judge
+from specguard.sources.base import Series, SourceResult
+from specguard.store.records import SeriesState
 
 INSTANCE = "127.0.0.1:8000"
 LABELS = {"instance": INSTANCE, "model_name": "tiny-llama"}

@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sim.records import RequestRecord
-from sim.server import Simulator
+from specguard.sim.records import RequestRecord
+from specguard.sim.server import Simulator
 from tests.sim.simclient import (
     completion,
     expected_acceptance_rate,
@@ -164,7 +164,7 @@ async def test_with_a_spread_each_request_has_its_own_acceptance_around_the_conf
 
 
 def test_a_spread_no_beta_can_have_is_refused() -> None:
-    from sim.options import OptionsError, SimOptions
+    from specguard.sim.options import OptionsError, SimOptions
 
     with pytest.raises(
         OptionsError, match=r"acceptance spread: no Beta distribution has mean 0\.7 and spread 0\.5"

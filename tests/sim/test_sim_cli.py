@@ -1,4 +1,4 @@
-"""``python -m sim``: help, one-line errors with exit 2, and a clean stop on SIGINT/SIGTERM."""
+"""``python -m specguard.sim``: help, one-line errors with exit 2, and a clean stop on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def sim(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sim", *args],
+        [sys.executable, "-m", "specguard.sim", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -61,7 +61,7 @@ def test_out_of_range_acceptance_is_an_argument_error() -> None:
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 async def test_it_serves_until_a_signal_and_then_exits_0(signum: signal.Signals) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sim", "--port", "0", "-sc", '{"method": "ngram", "num_speculative_tokens": 2}',
+        sys.executable, "-m", "specguard.sim", "--port", "0", "-sc", '{"method": "ngram", "num_speculative_tokens": 2}',
         cwd=ROOT, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert process.stderr is not None

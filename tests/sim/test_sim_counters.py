@@ -8,9 +8,9 @@ from typing import Any
 
 import aiohttp
 
-from sim.options import SimOptions
-from sim.records import StepRecord
-from sim.server import start_simulator
+from specguard.sim.options import SimOptions
+from specguard.sim.records import StepRecord
+from specguard.sim.server import start_simulator
 from tests.sim.simclient import chat, completion, metrics_text, record_of, running, speculative, stream, value
 
 MODEL = {"model_name": "tiny-llama"}

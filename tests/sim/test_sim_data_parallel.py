@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sim.options import OptionsError, SimOptions
-from sim.router import Router
-from sim.scenario import load_scenario
+from specguard.sim.options import OptionsError, SimOptions
+from specguard.sim.router import Router
+from specguard.sim.scenario import load_scenario
 from tests.sim.simclient import completion, families, metrics_text, running, speculative, value
 
 PER_ENGINE = (

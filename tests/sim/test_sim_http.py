@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sim.options import SimOptions
-from sim.server import start_simulator
+from specguard.sim.options import SimOptions
+from specguard.sim.server import start_simulator
 from tests.sim.simclient import (
     FIXTURES,
     MODEL,

@@ -6,7 +6,7 @@ import aiohttp
 import pytest
 from prometheus_client.metrics_core import Metric
 
-from daemon.exposition import parse_exposition
+from specguard.store.exposition import parse_exposition
 from tests.sim.simclient import (
     FIXTURES,
     chat,

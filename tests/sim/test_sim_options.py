@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.yamlfile import FileProblems
-from sim.cli import add_arguments, parse_args, parse_options
-from sim.options import (
+from specguard.common.yamlfile import FileProblems
+from specguard.sim.cli import add_arguments, parse_args, parse_options
+from specguard.sim.options import (
     OptionsError,
     SimOptions,
     SpeculativeConfig,

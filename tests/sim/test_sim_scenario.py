@@ -9,9 +9,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from daemon.yamlfile import FileProblems
-from sim.scenario import load_scenario
-from sim.server import Simulator
+from specguard.common.yamlfile import FileProblems
+from specguard.sim.scenario import load_scenario
+from specguard.sim.server import Simulator
 from tests.sim.simclient import (
     chat,
     expected_acceptance_rate,

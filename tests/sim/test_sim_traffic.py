@@ -6,9 +6,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import start_simulator
-from sim.traffic import Traffic
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import start_simulator
+from specguard.sim.traffic import Traffic
 
 
 async def test_concurrent_workers_count_every_token_the_server_served() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.store import Store
+from specguard.store.database import Store
 
 
 @pytest.fixture

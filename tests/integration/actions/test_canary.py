@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from actions.base import ActionContext
-from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from actions.feature_flag.canary import Canary, CanaryParams
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import Simulator, start_simulator
+from specguard.actions.base import ActionContext
+from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from specguard.actions.feature_flag.canary import Canary, CanaryParams
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import Simulator, start_simulator
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 
 
 async def simulator(acceptance: list[float] | None) -> Simulator:

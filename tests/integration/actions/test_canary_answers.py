@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from pytest_aiohttp import AiohttpServer
 
-from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from actions.feature_flag.canary import Canary, CanaryParams
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
+from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from specguard.actions.feature_flag.canary import Canary, CanaryParams
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 from tests.flag_servers import FakeVllm, HugeAnswer, PeakMemory, metrics_page
 
 ENGAGED, RESTORED = {"speculative": False}, {"speculative": True}

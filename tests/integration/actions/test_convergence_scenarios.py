@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from actions.base import ActionContext
-from actions.slack import SlackAction, SlackParams
-from daemon.dispatch import silences
-from daemon.dispatch.memory import StoreMemory
-from daemon.loading import load
-from daemon.runtime import Daemon
-from daemon.store import Store
-from sim import slack_api
+from specguard.actions.base import ActionContext
+from specguard.actions.slack import SlackAction, SlackParams
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.dispatch import silences
+from specguard.sim import slack_api
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 from tests.ports import free_port
 from tests.readings import Readings
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
 from tests.readings import Readings
 
 CONFIG = """\
@@ -129,7 +129,7 @@ async def test_the_flag_is_engaged_on_firing_and_restored_after_the_quiet_period
 async def test_on_call_hears_of_it_in_one_slack_thread(tmp_path: Path) -> None:
     """The same loop with the slack action after the fallback: the firing message says the
     fallback was engaged; the resolution and, after the quiet period, the restore go in its thread."""
-    from sim.slack_api import TOKEN, running
+    from specguard.sim.slack_api import TOKEN, running
 
     async with running() as slack:
         (tmp_path / "router").mkdir()

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actions.feature_flag.backends import render
-from sim.flag_router import FlagRouter
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import Simulator, start_simulator
-from sim.slack_api import TOKEN, SlackApi, running
-from sim.traffic import Traffic
+from specguard.actions.feature_flag.backends import render
+from specguard.sim.flag_router import FlagRouter
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import Simulator, start_simulator
+from specguard.sim.slack_api import TOKEN, SlackApi, running
+from specguard.sim.traffic import Traffic
 from tests.ports import free_port
 from tests.processes import Daemon, specguard
 

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
+from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 from tests.flag_servers import HugeAnswer, PeakMemory
 
 ENGAGE = {"speculative": False}

@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from daemon.dispatch.silences import parse_match
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.dispatch.silences import parse_match
 from tests.processes import specguard
 from tests.readings import Readings
 

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from actions.base import ActionContext, RunOutcome
-from actions.slack import SlackAction, SlackParams
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
-from sim.slack_api import TOKEN, Fault, SlackApi
+from specguard.actions.base import ActionContext
+from specguard.actions.slack import SlackAction, SlackParams
+from specguard.sim.slack_api import TOKEN, Fault, SlackApi
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
+from specguard.store.records import RunOutcome
 
 LABELS = {"instance": "vllm-a:8000", "model_name": "llama-8b"}
 SERIES = json.dumps(LABELS, sort_keys=True)

@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import start_simulator
-from sim.slack_api import TOKEN, Fault, running
-from sim.traffic import Traffic
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import start_simulator
+from specguard.sim.slack_api import TOKEN, Fault, running
+from specguard.sim.traffic import Traffic
 from tests.ports import free_port
 from tests.processes import Daemon
 
@@ -85,7 +85,7 @@ async def test_a_notice_queued_before_a_kill_is_posted_once_after_the_restart(tm
             assert names.index("conversations.history") < len(names) - 1
             # history tells it under the firing: the first failed try, then the delivery
             shown = subprocess.run(
-                [sys.executable, "-m", "daemon", "history", "--config", str(tmp_path / "specguard.yaml"),
+                [sys.executable, "-m", "specguard", "history", "--config", str(tmp_path / "specguard.yaml"),
                  "--rule", "acceptance_low", "--format", "json"],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
@@ -100,7 +100,7 @@ async def test_a_notice_queued_before_a_kill_is_posted_once_after_the_restart(tm
                 ("oncall", f"notice 1 posted to C0ONCALL (ts {posted['ts']})"),
             ], notes
             table = subprocess.run(
-                [sys.executable, "-m", "daemon", "history", "--config", str(tmp_path / "specguard.yaml")],
+                [sys.executable, "-m", "specguard", "history", "--config", str(tmp_path / "specguard.yaml")],
                 capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             assert re.search(rf"^ +\d\d:\d\d:\d\d oncall: notice 1 posted to C0ONCALL \(ts {re.escape(posted['ts'])}\)$",

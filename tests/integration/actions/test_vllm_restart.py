@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from actions.base import ActionContext, ActionMemory
-from actions.vllm_restart import STATE_KEY, VllmRestartParams, speculative
-from actions.vllm_restart.server import Server
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
-from sim.traffic import Traffic
+from specguard.actions.base import ActionContext, ActionMemory
+from specguard.actions.vllm_restart import STATE_KEY, VllmRestartParams, speculative
+from specguard.actions.vllm_restart.server import Server
+from specguard.sim.traffic import Traffic
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 from tests.ports import free_port
 from tests.processes import Daemon, specguard
 from tests.vllm_host import DRAFT, Host
@@ -403,9 +403,9 @@ async def test_a_drain_holds_the_flag_through_the_restart_and_lets_go_once_verif
     """The flag is engaged while vLLM restarts; once the step is verified its journal closes and the
     fallback controller restores the flag, trying again when the write fails (the flag's reload
     refuses at first) until it is done."""
-    from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-    from daemon.dispatch import Dispatcher
-    from daemon.selfmetrics import DaemonMetrics
+    from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+    from specguard.dispatch import Dispatcher
+    from specguard.metrics.registry import DaemonMetrics
 
     host = Host(tmp_path, "env")
     host.start()
@@ -456,7 +456,7 @@ async def test_a_drain_holds_the_flag_through_the_restart_and_lets_go_once_verif
 
 
 def test_a_drain_that_names_no_feature_flag_is_a_config_problem_with_its_line(tmp_path: Path) -> None:
-    from daemon.loading import load
+    from specguard.config.loading import load
 
     config = tmp_path / "specguard.yaml"
     config.write_text(

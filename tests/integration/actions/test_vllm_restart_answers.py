@@ -16,11 +16,11 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from actions.base import ActionContext
-from actions.vllm_restart import VllmRestartAction, VllmRestartParams, speculative
-from actions.vllm_restart.server import NotReady, Server
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
+from specguard.actions.base import ActionContext
+from specguard.actions.vllm_restart import VllmRestartAction, VllmRestartParams, speculative
+from specguard.actions.vllm_restart.server import NotReady, Server
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 from tests.ports import free_port
 from tests.vllm_host import DRAFT, Host
 

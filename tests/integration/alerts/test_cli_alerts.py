@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
-from daemon.engine import Event, SeriesState, State
-from daemon.store import EventRecord, PlannedRun, Store
+from specguard.cli import main
+from specguard.store.database import EventRecord, PlannedRun, Store
+from specguard.store.records import Event, SeriesState, State
 from tests.am_payloads import alert, message
 
 RULES = """\
@@ -146,7 +146,9 @@ def test_history_since_keeps_the_recent_changes(
     config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asyncio.run(record_two_changes(config))
-    monkeypatch.setattr("daemon.cli.commands.time.time", lambda: 1_800_000_070.0)  # 10 s after the resolution
+    monkeypatch.setattr(
+        "specguard.cli.commands.time.time", lambda: 1_800_000_070.0
+    )  # 10 s after the resolution
     assert main(["history", "--config", str(config), "--since", "30s", "--format", "json"]) == 0
     assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["resolved"]
     assert main(["history", "--config", str(config), "--since", "2m", "--format", "json"]) == 0

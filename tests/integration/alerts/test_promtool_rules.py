@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon.engine import State
-from daemon.evaluation import evaluate_rule
-from daemon.export.alertmanager import export_receiver
-from daemon.export.prometheus_rules import export_rules
-from daemon.loading import Loaded, load
-from daemon.sources.scrape import ScrapeSource
-from rules.templates import render
+from specguard.config.loading import Loaded, load
+from specguard.daemon.evaluation import evaluate_rule
+from specguard.export.alertmanager import export_receiver
+from specguard.export.prometheus_rules import export_rules
+from specguard.rules.templates import render
+from specguard.sources.scrape import ScrapeSource
+from specguard.store.records import State
 from tests.pages import Clock
 from tests.real import require_binary
 

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
 from tests.am_payloads import alert, message
 from tests.readings import Readings
 

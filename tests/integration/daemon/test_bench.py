@@ -20,13 +20,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from daemon.baseline import parse_baseline
-from playbook.bench.baseline import BaselineWriteError, entry, write
-from playbook.bench.load import Load
-from playbook.bench.prompts import Prompt
-from playbook.bench.runner import BenchError, Options, bench
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import Simulator, start_simulator
+from specguard.playbook.bench.baseline import BaselineWriteError, entry, write
+from specguard.playbook.bench.load import Load
+from specguard.playbook.bench.prompts import Prompt
+from specguard.playbook.bench.runner import BenchError, Options, bench
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import Simulator, start_simulator
+from specguard.store.baseline import parse_baseline
 from tests.processes import specguard
 
 PROMPTS = [Prompt("chat", f"Tell me something about the number {i}.") for i in range(6)] + [
@@ -324,13 +324,13 @@ async def test_the_command_prints_the_table_and_json(spec: Simulator) -> None:
 
 
 def test_open_loop_arrivals_follow_the_rate(tmp_path: Path) -> None:
-    from playbook.bench.load import run
+    from specguard.playbook.bench.load import run
 
     sent: list[float] = []
 
     async def send(prompt: Prompt) -> Any:
         sent.append(asyncio.get_running_loop().time())
-        from playbook.bench.client import Result
+        from specguard.playbook.bench.client import Result
 
         return Result(prompt.klass, 0.0, ok=True)
 

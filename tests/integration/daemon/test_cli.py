@@ -12,12 +12,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from common.sequential import Dispersion, kl, llr, threshold
-from daemon.detection import DetectorState, calibration_of
-from daemon.engine import SeriesState, State, Verdict, series_key
-from daemon.store import Store
-from rules.schema import Rule
-from rules.signals import CATALOG
+from specguard.common.sequential import Dispersion, kl, llr, threshold
+from specguard.engine.detection import DetectorState, calibration_of
+from specguard.engine.states import series_key
+from specguard.rules.schema import Rule
+from specguard.rules.signals import CATALOG
+from specguard.store.database import Store
+from specguard.store.records import SeriesState, State, Verdict
 from tests.processes import specguard
 
 

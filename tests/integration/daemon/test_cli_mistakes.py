@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.engine import SeriesState, State, series_key
-from daemon.store import Store
+from specguard.engine.states import series_key
+from specguard.store.database import Store
+from specguard.store.records import SeriesState, State
 from tests.processes import specguard
 
 RULES = """\

@@ -20,8 +20,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from sim.slack_api import TOKEN as SLACK_TOKEN
-from sim.slack_api import SlackApi
+from specguard.sim.slack_api import TOKEN as SLACK_TOKEN
+from specguard.sim.slack_api import SlackApi
 from tests.am_payloads import alert, message
 from tests.ports import free_port
 from tests.processes import Daemon, specguard

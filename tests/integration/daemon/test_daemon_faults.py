@@ -288,7 +288,7 @@ async def test_a_state_dir_on_the_command_line_is_relative_to_where_the_command_
 
 
 def _open_store_when_told(path: str, start: Any, errors: Any) -> None:
-    from daemon.store import _open
+    from specguard.store.database import _open
 
     start.wait()
     try:

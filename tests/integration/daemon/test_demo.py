@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from report import charts
-from report.weekly import charts_missing
-from sim.demo import CHANNEL
-from sim.demo_report import Terminal, report_section
+from specguard.demo.report import Terminal, report_section
+from specguard.demo.run import CHANNEL
+from specguard.report import charts
+from specguard.report.weekly import charts_missing
 
 MILESTONES = {
     # the drop waits for the collapse detector to calibrate on the healthy traffic
@@ -41,7 +41,7 @@ MILESTONES = {
 
 def demo(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "daemon", "demo", "--no-color", "--state-dir", str(tmp_path)],
+        [sys.executable, "-m", "specguard", "demo", "--no-color", "--state-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,  # a hang guard only: the demo's own clock is checked below
@@ -122,7 +122,7 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
 
     # history tells the same story afterwards, the Slack deliveries under the firing
     shown = subprocess.run(
-        [sys.executable, "-m", "daemon", "history", "--config", str(tmp_path / "specguard.yaml"),
+        [sys.executable, "-m", "specguard", "history", "--config", str(tmp_path / "specguard.yaml"),
          "--rule", "acceptance_fallback"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
@@ -181,7 +181,7 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "demo", "--no-color", "--state-dir", str(tmp_path)],
+        [sys.executable, "-m", "specguard", "demo", "--no-color", "--state-dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -27,8 +27,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from common.sequential import llr, threshold
-from sim.model import sample_accepted
+from specguard.common.sequential import llr, threshold
+from specguard.sim.model import sample_accepted
 from tests.processes import Daemon, specguard
 
 K, DRAFTS = 3, 40  # a scrape's worth of work: 40 chain drafts of 3 tokens, about 90 trials

@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
 from tests.processes import specguard
 from tests.replay import ReplayedVllm
 

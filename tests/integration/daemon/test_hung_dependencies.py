@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sim.options import SimOptions
-from sim.server import Simulator, start_simulator
+from specguard.sim.options import SimOptions
+from specguard.sim.server import Simulator, start_simulator
 from tests.hostile_deps import HostileDeps
 from tests.ports import free_port
 from tests.processes import Daemon

@@ -17,10 +17,10 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from daemon import overview
-from daemon.dispatch import silences
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon import overview
+from specguard.daemon.runtime import Daemon
+from specguard.dispatch import silences
 from tests.hostile_deps import HostileDeps
 from tests.processes import specguard
 from tests.readings import Readings

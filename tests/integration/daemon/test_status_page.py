@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from daemon.dispatch import silences
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.dispatch import silences
 from tests.readings import Readings
 
 TOKEN = "s3cret-token"

@@ -16,14 +16,14 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from daemon import page
-from daemon.dispatch import silences
-from daemon.loading import load
-from daemon.runtime import Daemon
-from daemon.statusview import build
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import Simulator, start_simulator
-from sim.traffic import Traffic
+from specguard.config.loading import load
+from specguard.daemon import page
+from specguard.daemon.runtime import Daemon
+from specguard.daemon.statusview import build
+from specguard.dispatch import silences
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import Simulator, start_simulator
+from specguard.sim.traffic import Traffic
 from tests.chromium import ARTIFACTS, PNG, chromium
 from tests.real import require_binary
 

@@ -16,10 +16,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from actions.vllm_restart import speculative
-from daemon.dispatch import silences
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.actions.vllm_restart import speculative
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.dispatch import silences
 from tests.ports import free_port
 from tests.readings import Readings
 

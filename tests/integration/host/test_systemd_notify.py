@@ -31,10 +31,10 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from daemon import runtime
-from daemon.loading import load
-from daemon.sources.base import SourceResult
-from rules.signals import Signal
+from specguard.config.loading import load
+from specguard.daemon import runtime
+from specguard.rules.signals import Signal
+from specguard.sources.base import SourceResult
 from tests.notify_socket import NotifySocket, notify_socket
 from tests.ports import free_port
 from tests.processes import Daemon

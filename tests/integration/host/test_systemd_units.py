@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from actions.vllm_restart.speculative import render_env
+from specguard.actions.vllm_restart.speculative import render_env
 from tests.installed import Installed
 from tests.real import missing, require_binary
 

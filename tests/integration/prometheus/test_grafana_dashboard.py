@@ -25,10 +25,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rules.signals import CATALOG, metric_names
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import Simulator, start_simulator
-from sim.traffic import Traffic
+from specguard.rules.signals import CATALOG, metric_names
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import Simulator, start_simulator
+from specguard.sim.traffic import Traffic
 from tests.ports import free_port
 from tests.processes import Daemon
 from tests.prometheus_server import PrometheusServer, running_prometheus

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import aiohttp
 import pytest
 
-from daemon.sources.base import SourceResult
-from daemon.sources.prometheus import PrometheusSource
-from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, Signal
+from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, Signal
+from specguard.sources.base import SourceResult
+from specguard.sources.prometheus import PrometheusSource
 from tests.replay import ReplayedVllm, histogram_quantile
 
 if TYPE_CHECKING:  # fixture types; conftest is not imported at run time

@@ -13,14 +13,14 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from daemon.engine import Verdict
-from daemon.evaluation import evaluate_rule
-from daemon.loading import LoadedRule
-from daemon.sources.base import SourceResult
-from daemon.sources.prometheus import PrometheusSource
-from rules.matchers import Matcher
-from rules.schema import Rule
-from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
+from specguard.config.loading import LoadedRule
+from specguard.daemon.evaluation import evaluate_rule
+from specguard.rules.matchers import Matcher
+from specguard.rules.schema import Rule
+from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
+from specguard.sources.base import SourceResult
+from specguard.sources.prometheus import PrometheusSource
+from specguard.store.records import Verdict
 from tests.replay import (
     ACCEPTED,
     ACCEPTED_BY_POSITION,

@@ -29,14 +29,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from daemon.baseline import parse_baseline
-from daemon.evaluation import speedup
-from daemon.sources.base import Source, SourceResult
-from daemon.sources.prometheus import PrometheusSource
-from daemon.sources.scrape import ScrapeSource
-from rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, Signal
-from sim.options import SimOptions, SpeculativeConfig
-from sim.server import Simulator, start_simulator
+from specguard.daemon.evaluation import speedup
+from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, Signal
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.server import Simulator, start_simulator
+from specguard.sources.base import Source, SourceResult
+from specguard.sources.prometheus import PrometheusSource
+from specguard.sources.scrape import ScrapeSource
+from specguard.store.baseline import parse_baseline
 from tests.prometheus_server import running_prometheus
 
 pytestmark = pytest.mark.real

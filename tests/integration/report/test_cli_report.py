@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon import history
-from daemon.exposition import parse_exposition
-from daemon.store import Store
+from specguard.store import history
+from specguard.store.database import Store
+from specguard.store.exposition import parse_exposition
 from tests.processes import specguard
 
 DAY = 86400.0

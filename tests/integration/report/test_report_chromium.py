@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from daemon import history
-from daemon.baseline import parse_baseline
-from daemon.exposition import parse_exposition
-from daemon.store import Store
-from report import charts, render, weekly
+from specguard.report import charts, render, weekly
+from specguard.store import history
+from specguard.store.baseline import parse_baseline
+from specguard.store.database import Store
+from specguard.store.exposition import parse_exposition
 from tests.real import missing, require_binary
 from tests.week import Conditions, Server, Timeline
 

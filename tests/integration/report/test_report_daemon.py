@@ -11,12 +11,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from daemon import history
-from daemon.exposition import parse_exposition
-from daemon.loading import load
-from daemon.runtime import Daemon
-from daemon.store import Store
-from sim.slack_api import TOKEN, SlackApi
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.report import weekly
+from specguard.sim.slack_api import TOKEN, SlackApi
+from specguard.store import history
+from specguard.store.database import Store
+from specguard.store.exposition import parse_exposition
 
 CONFIG = """
 state_dir: state
@@ -106,7 +107,7 @@ async def test_a_missed_report_is_made_once_at_start_and_posted_once_with_its_ch
     now = time.time()
     scheduled = last_monday_eight(now)
     await seed(tmp_path / "state" / "specguard.db", scheduled - 14 * 86400, scheduled)
-    daemon = Daemon(load(config), config)
+    daemon = Daemon(load(config), config, reports=weekly)
     await daemon.start(handle_signals=False)
     try:
         await wait_for(lambda: _has_rows(daemon))
@@ -127,7 +128,7 @@ async def test_a_missed_report_is_made_once_at_start_and_posted_once_with_its_ch
     finally:
         await daemon.shutdown()
 
-    again = Daemon(load(config), config)
+    again = Daemon(load(config), config, reports=weekly)
     await again.start(handle_signals=False)
     try:
         await again._catch_up_report()  # what the start does, awaited here
@@ -150,7 +151,7 @@ async def test_a_missed_report_is_made_once_at_start_and_posted_once_with_its_ch
 async def test_a_first_start_makes_no_report_for_a_time_before_it(tmp_path: Path, slack: SlackApi) -> None:
     config = write_config(tmp_path, slack)
     await seed(tmp_path / "state" / "specguard.db", None, last_monday_eight(time.time()))
-    daemon = Daemon(load(config), config)
+    daemon = Daemon(load(config), config, reports=weekly)
     await daemon.start(handle_signals=False)
     try:
         await daemon._catch_up_report()
@@ -192,7 +193,7 @@ async def test_with_the_prometheus_source_history_comes_from_its_own_scrape_of_t
         "sources: {prometheus: {url: 'http://127.0.0.1:9'}}\n"
         f"history: {{scrape: {{targets: ['{target}']}}}}\n"
     )
-    daemon = Daemon(load(path), path)
+    daemon = Daemon(load(path), path, reports=weekly)
     await daemon.start(handle_signals=False)
     try:
 
@@ -213,7 +214,7 @@ async def test_a_report_that_could_not_be_queued_for_slack_is_not_recorded_as_ma
     config = write_config(tmp_path, slack)
     scheduled = last_monday_eight(time.time())
     await seed(tmp_path / "state" / "specguard.db", None, scheduled)
-    daemon = Daemon(load(config), config)
+    daemon = Daemon(load(config), config, reports=weekly)
     await daemon.start(handle_signals=False)
     try:
         actions = daemon.dispatcher.actions
@@ -240,7 +241,7 @@ async def test_the_schedules_own_run_makes_the_report_of_the_period_before_its_t
     )
     before = time.time() // 60 * 60
     await seed(tmp_path / "state" / "specguard.db", before - 86400, before)
-    daemon = Daemon(load(config), config)
+    daemon = Daemon(load(config), config, reports=weekly)
     await daemon.start(handle_signals=False)
     try:
         await daemon._weekly_report()
@@ -260,8 +261,8 @@ async def test_the_schedules_own_run_makes_the_report_of_the_period_before_its_t
 async def test_no_report_is_caught_up_for_a_time_older_than_history_keeps(tmp_path: Path) -> None:
     """A daemon down for six weeks: the last Monday's report is made, and none for a Monday older
     than history's retention."""
-    from common.schedule import cron
-    from report import weekly
+    from specguard.common.schedule import cron
+    from specguard.report import weekly
 
     store = Store(tmp_path / "specguard.db")
     await store.open()

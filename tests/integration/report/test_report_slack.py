@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from actions.slack import SlackAction, SlackParams
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
-from report.slack import summary
-from sim.slack_api import TOKEN, Fault, SlackApi
+from specguard.actions.slack import SlackAction, SlackParams
+from specguard.report.slack import summary
+from specguard.sim.slack_api import TOKEN, Fault, SlackApi
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 
 REPORT: dict[str, Any] = {
     "specguard_report": 1,
@@ -272,7 +272,7 @@ async def test_an_incoming_webhook_gets_the_summary_alone(
 async def test_a_report_and_an_incident_share_the_outbox_each_in_its_own_order(
     slack: SlackApi, store: Store, tmp_path: Path, charts: list[tuple[str, str]]
 ) -> None:
-    from actions.base import ActionContext
+    from specguard.actions.base import ActionContext
 
     reports = bot(slack, tmp_path)
     text, blocks = summary(REPORT)

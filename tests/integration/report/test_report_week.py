@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from daemon import history
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.store import history
 from tests import week
 from tests.week import Conditions, Server, Timeline
 
@@ -142,7 +142,7 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 async def _play(tmp: Path, clock: Clock) -> dict[str, Any]:
-    from report import weekly
+    from specguard.report import weekly
 
     loaded = load(tmp / "specguard.yaml")
     assert loaded.ok, loaded.problems

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actions.acceptance import SprtParams, sprt_probe, totals
-from common.sequential import Decision, Sprt
-from sim.model import beta_parameters
+from specguard.actions.acceptance import SprtParams, sprt_probe, totals
+from specguard.common.sequential import Decision, Sprt
+from specguard.sim.model import beta_parameters
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

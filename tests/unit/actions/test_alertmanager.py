@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from daemon.alertmanager.book import AlertBook, Receipt
-from daemon.alertmanager.payload import BadPayload, parse
-from daemon.loading import LoadedRule
-from rules.schema import Rule
+from specguard.config.loading import LoadedRule
+from specguard.daemon.alertmanager.book import AlertBook, Receipt
+from specguard.daemon.alertmanager.payload import BadPayload, parse
+from specguard.rules.schema import Rule
 from tests.am_payloads import alert, message
 
 LOW = {"alertname": "AcceptanceLow", "instance": "a:8000", "model_name": "m", "severity": "warning"}
@@ -141,8 +141,8 @@ def test_resolved_alerts_are_forgotten_after_the_retention() -> None:
 
 
 def test_an_alert_rules_event_says_how_many_alerts_fire_and_which() -> None:
-    from daemon.dispatch import describe
-    from daemon.engine import Event, State
+    from specguard.dispatch import describe
+    from specguard.store.records import Event, State
 
     event = Event(
         "am", "k", {"instance": "a:8000"}, State.FIRING, State.PENDING, 1.0, 2.0, 0.0, "alertmanager: x"
@@ -177,8 +177,9 @@ def test_bodies_the_store_could_not_hold_are_bad_payloads(data: bytes, reason: s
 
 
 def test_an_alert_rule_evaluates_only_the_series_that_can_change() -> None:
-    from daemon.engine import SeriesState, State, series_key
-    from daemon.evaluation import evaluate_alert_rule
+    from specguard.daemon.evaluation import evaluate_alert_rule
+    from specguard.engine.states import series_key
+    from specguard.store.records import SeriesState, State
 
     item = rule(group_by=["instance"], keep_firing_for="1m", forget_after="10m")
     book = AlertBook()
@@ -231,8 +232,8 @@ def test_a_rule_index_follows_alerts_that_arrive_resolve_and_are_pruned() -> Non
 
 
 async def test_the_store_gives_back_each_alerts_newest_state_and_prunes_the_rest(tmp_path: Any) -> None:
-    from daemon.alertmanager.inbox import Inbox
-    from daemon.store import Store
+    from specguard.daemon.alertmanager.inbox import Inbox
+    from specguard.store.database import Store
 
     store = Store(tmp_path / "specguard.db")
     await store.open()

@@ -34,18 +34,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from actions.base import Action
-from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from actions.feature_flag.backends import BackendError
-from actions.feature_flag.canary import CanaryResult
-from actions.slack import SlackAction, SlackParams
-from daemon.dispatch import Dispatcher, silences
-from daemon.engine import Event, SeriesState, State, series_key
-from daemon.loading import LoadedRule
-from daemon.selfmetrics import DaemonMetrics
-from daemon.store import Store
-from rules.schema import Rule
-from sim import slack_api
+from specguard.actions.base import Action
+from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from specguard.actions.feature_flag.backends import BackendError
+from specguard.actions.feature_flag.canary import CanaryResult
+from specguard.actions.slack import SlackAction, SlackParams
+from specguard.config.loading import LoadedRule
+from specguard.dispatch import Dispatcher, silences
+from specguard.engine.states import series_key
+from specguard.metrics.registry import DaemonMetrics
+from specguard.rules.schema import Rule
+from specguard.sim import slack_api
+from specguard.store.database import Store
+from specguard.store.records import Event, SeriesState, State
 
 TICK = 10.0  # the daemon's evaluation interval
 QUIET = 30.0  # the flag's quiet period

@@ -8,13 +8,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from actions.base import Action, ActionContext, ActionParams, Outcome
-from daemon.dispatch import Dispatcher
-from daemon.engine import Event, SeriesState, State
-from daemon.loading import LoadedRule
-from daemon.selfmetrics import DaemonMetrics
-from daemon.store import SCHEMA_VERSION, Store
-from rules.schema import Rule
+from specguard.actions.base import Action, ActionContext, ActionParams, Outcome
+from specguard.config.loading import LoadedRule
+from specguard.dispatch import Dispatcher
+from specguard.metrics.registry import DaemonMetrics
+from specguard.rules.schema import Rule
+from specguard.store.database import SCHEMA_VERSION, Store
+from specguard.store.records import Event, SeriesState, State
 
 
 class Recording(Action):

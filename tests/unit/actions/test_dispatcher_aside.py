@@ -8,13 +8,13 @@ import asyncio
 import time
 from typing import Any, ClassVar
 
-from actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
-from daemon.dispatch import Dispatcher
-from daemon.engine import Event, SeriesState, State
-from daemon.loading import LoadedRule
-from daemon.selfmetrics import DaemonMetrics
-from daemon.store import Store
-from rules.schema import Rule
+from specguard.actions.base import Action, ActionContext, ActionMemory, ActionParams, Outcome
+from specguard.config.loading import LoadedRule
+from specguard.dispatch import Dispatcher
+from specguard.metrics.registry import DaemonMetrics
+from specguard.rules.schema import Rule
+from specguard.store.database import Store
+from specguard.store.records import Event, SeriesState, State
 
 HANG_GUARD = 20.0  # seconds; the stuck outbox holds on for 120
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from actions.feature_flag import empty
-from daemon.dispatch.fallback import Firing, decide
-from daemon.dispatch.guards import Later
+from specguard.actions.feature_flag import empty
+from specguard.dispatch.fallback import Firing, decide
+from specguard.dispatch.guards import Later
 
 NOW = 1_000.0
 QUIET = 60.0

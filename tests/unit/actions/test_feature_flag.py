@@ -17,9 +17,9 @@ from aiohttp import web
 from pydantic import ValidationError
 from pytest_aiohttp import AiohttpServer
 
-from actions.base import ActionContext
-from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from actions.feature_flag.backends import (
+from specguard.actions.base import ActionContext
+from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from specguard.actions.feature_flag.backends import (
     BackendError,
     FileBackend,
     FileParams,
@@ -27,8 +27,8 @@ from actions.feature_flag.backends import (
     HttpParams,
     render,
 )
-from daemon.dispatch.memory import StoreMemory
-from daemon.store import Store
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 
 TOKEN = "flag-api-token"
 
@@ -421,7 +421,7 @@ def test_max_response_size_and_follow_redirects_refuse_bad_input(
 
 
 def test_a_bad_max_response_size_is_a_config_problem_with_its_line(tmp_path: Path) -> None:
-    from daemon.loading import load
+    from specguard.config.loading import load
 
     config = tmp_path / "specguard.yaml"
     config.write_text(

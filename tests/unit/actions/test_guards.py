@@ -11,13 +11,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from actions.base import Action, ActionContext, ActionParams, Outcome
-from daemon.dispatch import Dispatcher
-from daemon.engine import Event, SeriesState, State
-from daemon.loading import LoadedRule
-from daemon.selfmetrics import DaemonMetrics
-from daemon.store import Store
-from rules.schema import Rule
+from specguard.actions.base import Action, ActionContext, ActionParams, Outcome
+from specguard.config.loading import LoadedRule
+from specguard.dispatch import Dispatcher
+from specguard.metrics.registry import DaemonMetrics
+from specguard.rules.schema import Rule
+from specguard.store.database import Store
+from specguard.store.records import Event, SeriesState, State
 
 SERIES = '{"instance":"h:8000"}'
 
@@ -329,7 +329,7 @@ async def test_a_world_changing_action_that_does_not_restore_is_not_run_on_a_res
 async def test_vllm_restart_by_default_restarts_at_most_twice_an_hour_and_once_per_series_in_10m(
     store: Store, tmp_path: Path
 ) -> None:
-    from actions.vllm_restart import VllmRestartAction, VllmRestartParams
+    from specguard.actions.vllm_restart import VllmRestartAction, VllmRestartParams
 
     params = VllmRestartParams.model_validate(
         {

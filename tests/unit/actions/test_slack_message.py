@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actions.slack import message
+from specguard.actions.slack import message
 
 
 def incident(**extra: object) -> dict[str, object]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from actions.vllm_restart.process import StatusCommandWatch, UnitWatch, unit_down, unit_properties
-from actions.vllm_restart.server import NotReady, Server, ServerDown
+from specguard.actions.vllm_restart.process import StatusCommandWatch, UnitWatch, unit_down, unit_properties
+from specguard.actions.vllm_restart.server import NotReady, Server, ServerDown
 from tests.ports import free_port
 
 RUNNING = {"ActiveState": "active", "SubState": "running", "Result": "success", "ExecMainStatus": "0"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.files import write_atomically
+from specguard.common.files import write_atomically
 
 
 def test_a_symlinked_file_is_written_through_and_stays_a_link(tmp_path: Path) -> None:

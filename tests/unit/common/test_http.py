@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common.http import TooLarge, json_limited, read_limited, retry_after, size_text
+from specguard.common.http import TooLarge, json_limited, read_limited, retry_after, size_text
 
 
 class _Endless:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.sizes import parse_size
+from specguard.common.sizes import parse_size
 
 
 @pytest.mark.parametrize(

@@ -9,18 +9,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actions.base import Action, ActionContext, ActionMemory, Outcome
-from actions.feature_flag import STATE_KEY as FLAG_KEY
-from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from actions.log import LogAction, LogParams
-from daemon import overview
-from daemon.cli.status import print_view
-from daemon.dispatch import Dispatcher
-from daemon.dispatch.memory import StoreMemory
-from daemon.page import status_page
-from daemon.selfmetrics import DaemonMetrics
-from daemon.statusview import build
-from daemon.store import Store
+from specguard.actions.base import Action, ActionContext, ActionMemory, Outcome
+from specguard.actions.feature_flag import STATE_KEY as FLAG_KEY
+from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from specguard.actions.log import LogAction, LogParams
+from specguard.cli.status import print_view
+from specguard.daemon import overview
+from specguard.daemon.page import status_page
+from specguard.daemon.statusview import build
+from specguard.dispatch import Dispatcher
+from specguard.metrics.registry import DaemonMetrics
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
 
 
 class Outbox(Action):

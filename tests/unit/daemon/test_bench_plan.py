@@ -8,14 +8,14 @@ import io
 
 import pytest
 
-from daemon.sources.scrape import signal_over
-from playbook.bench import histograms
-from playbook.bench.client import Result
-from playbook.bench.plan import PlanError, plan, shares
-from playbook.bench.progress import ProgressLine, duration_text
-from playbook.bench.prompts import Prompt
-from playbook.bench.stats import client_figures
-from rules.signals import get_signal
+from specguard.playbook.bench import histograms
+from specguard.playbook.bench.client import Result
+from specguard.playbook.bench.plan import PlanError, plan, shares
+from specguard.playbook.bench.progress import ProgressLine, duration_text
+from specguard.playbook.bench.prompts import Prompt
+from specguard.playbook.bench.stats import client_figures
+from specguard.rules.signals import get_signal
+from specguard.sources.scrape import signal_over
 from tests.pages import E2E, GENERATED, MODEL, SELF_DRAFT, add, observe
 
 CHAT = [Prompt("chat", f"chat {i}") for i in range(4)]

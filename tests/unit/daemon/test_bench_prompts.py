@@ -11,14 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from playbook.bench.prompts import (
-    CLASSES,
-    Prompt,
-    PromptError,
-    builtin,
-    load_file,
-    read_file,
-)
+from specguard.playbook.bench.prompts import CLASSES, Prompt, PromptError, builtin, load_file, read_file
 
 EXPECTED_COUNTS = {"chat": 40, "code": 30, "summarization": 20, "multilingual": 30, "long_context": 10}
 

@@ -18,7 +18,7 @@ from benchmarks.bench_collapse_detector import (
     accepted_tokens,
     request_factors,
 )
-from sim.model import acceptance_at, request_factor, sample_accepted
+from specguard.sim.model import acceptance_at, request_factor, sample_accepted
 
 DRAWS = 40000
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.logs import RateLimit, setup
+from specguard.common.logs import RateLimit, setup
 
 ACCEPT = "socket.accept() out of system resource\nsocket: <socket fd=7>"
 

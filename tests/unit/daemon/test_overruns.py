@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
 from tests.unit.daemon.test_runtime import SlowSource, config, counter
 
 

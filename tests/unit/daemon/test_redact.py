@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.redact import scrub, secrets_of, shown
+from specguard.common.redact import scrub, secrets_of, shown
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ from typing import ClassVar
 
 import pytest
 
-from actions.base import Action, ActionContext, ActionParams, Outcome
-from daemon import runtime
-from daemon.loading import load
-from daemon.runtime import Daemon
+from specguard.actions.base import Action, ActionContext, ActionParams, Outcome
+from specguard.config.loading import load
+from specguard.daemon import runtime
+from specguard.daemon.runtime import Daemon
 from tests.unit.daemon.test_runtime import SettableSource, config
 
 

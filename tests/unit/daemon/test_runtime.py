@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actions.base import Action, ActionContext, ActionParams, Outcome
-from daemon.loading import load
-from daemon.runtime import Daemon
-from daemon.sources.base import SourceResult
-from daemon.sources.scrape import ScrapeSource
-from rules.signals import Signal
+from specguard.actions.base import Action, ActionContext, ActionParams, Outcome
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.rules.signals import Signal
+from specguard.sources.base import SourceResult
+from specguard.sources.scrape import ScrapeSource
 
 
 class SlowSource:
@@ -143,7 +143,7 @@ async def test_a_stop_lets_the_action_in_progress_finish(tmp_path: Path) -> None
 
 
 def test_health_follows_what_each_interval_is_due_to_do() -> None:
-    from daemon.status import health
+    from specguard.daemon.status import health
 
     # Rules every 60 s on a config whose interval is 5 s: a round 100 s ago is on time.
     ok, body = health({60.0: 1000.0}, started_at=900.0, now=1100.0, rules=1)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon import systemd
-from daemon.status import status_line
+from specguard.daemon import systemd
+from specguard.daemon.status import status_line
 from tests.notify_socket import notify_socket
 
 

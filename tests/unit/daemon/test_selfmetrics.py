@@ -14,19 +14,19 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from actions.base import Action, Holding
-from actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from actions.vllm_restart import STATE_KEY as LADDER_KEY
-from actions.vllm_restart import VllmRestartAction, VllmRestartParams
-from daemon.baseline import parse_baseline
-from daemon.dispatch import Dispatcher
-from daemon.dispatch.memory import StoreMemory
-from daemon.engine import Event, SeriesState, State
-from daemon.loading import LoadedRule, load
-from daemon.runtime import Daemon
-from daemon.selfmetrics import DaemonMetrics
-from daemon.store import Store
-from rules.schema import Rule
+from specguard.actions.base import Action, Holding
+from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
+from specguard.actions.vllm_restart import STATE_KEY as LADDER_KEY
+from specguard.actions.vllm_restart import VllmRestartAction, VllmRestartParams
+from specguard.config.loading import LoadedRule, load
+from specguard.daemon.runtime import Daemon
+from specguard.dispatch import Dispatcher
+from specguard.metrics.registry import DaemonMetrics
+from specguard.rules.schema import Rule
+from specguard.store.baseline import parse_baseline
+from specguard.store.database import Store
+from specguard.store.memory import StoreMemory
+from specguard.store.records import Event, SeriesState, State
 
 SERIES = '{"instance":"h:8000"}'
 LABELS = {"instance": "h:8000"}
@@ -264,7 +264,7 @@ async def test_every_actions_run_counters_are_exported_from_0_before_its_first_r
 def test_each_rules_event_counters_start_at_zero() -> None:
     from prometheus_client import generate_latest
 
-    from daemon.selfmetrics import DaemonMetrics
+    from specguard.metrics.registry import DaemonMetrics
 
     metrics = DaemonMetrics()
     metrics.show_rules(["acceptance_fallback"])

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from daemon.server import start_server
+from specguard.daemon.server import start_server
 
 
 class Observed:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.status import print_view
-from daemon.statusview import Condition, Tone, View, build, clock
+from specguard.cli.status import print_view
+from specguard.daemon.statusview import Condition, Tone, View, build, clock
 
 NOW = 1_796_000_000.0
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon.baseline import parse_baseline
-from daemon.cli.commands import build_parser
-from daemon.config import Config
-from daemon.loading import load
+from specguard.cli.commands import build_parser
+from specguard.config.loading import load
+from specguard.config.schema import Config
+from specguard.store.baseline import parse_baseline
 from tests.docs_pages import (
     MARKERS,
     REPO,
@@ -184,7 +184,7 @@ def test_the_baseline_examples_are_valid_baselines() -> None:
 
 
 def _simulator_parser() -> argparse.ArgumentParser:
-    from sim import cli as sim_cli
+    from specguard.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(prog="specguard simulate")
     sim_cli.add_arguments(parser)
@@ -197,7 +197,7 @@ def _parse(command: Command) -> str | None:
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             if command.argv[:1] == ["simulate"]:
-                from sim import cli as sim_cli
+                from specguard.sim import cli as sim_cli
 
                 sim_cli.parse_args(_simulator_parser(), command.argv[1:])
             else:

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from daemon import history
-from daemon.baseline import parse_baseline
-from daemon.exposition import parse_exposition
-from daemon.store import Store
-from report.build import build
+from specguard.report.build import build
+from specguard.store import history
+from specguard.store.baseline import parse_baseline
+from specguard.store.database import Store
+from specguard.store.exposition import parse_exposition
 
 T0 = 1_764_000_000.0 - 1_764_000_000.0 % 3600  # an hour's start
 COST = 0.1

@@ -13,9 +13,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from daemon.loading import load
-from daemon.runtime import Daemon
-from report import weekly
+from specguard.config.loading import load
+from specguard.daemon.runtime import Daemon
+from specguard.report import weekly
 
 BERLIN, NEW_YORK = "Europe/Berlin", "America/New_York"
 
@@ -45,7 +45,7 @@ async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) 
         return object(), []
 
     monkeypatch.setattr(weekly, "make", make)
-    made = Daemon(load(path), path)
+    made = Daemon(load(path), path, reports=weekly)
     await made.store.open()
     try:
         yield made

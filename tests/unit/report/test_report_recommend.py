@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from report import recommend
-from report.recommend import recommendations
+from specguard.report import recommend
+from specguard.report.recommend import recommendations
 
 # EAGLE-1's Vicuna 7B chain draft as vLLM would count it (p_i unconditional).
 VICUNA_7B = [0.790, 0.585, 0.421, 0.307, 0.206]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from report import charts, render
-from report.model import HEADLINE
+from specguard.report import charts, render
+from specguard.report.model import HEADLINE
 from tests.real import missing
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "report-week.json"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from common.schedule import cron, last_due, previous_fire, weekdays
+from specguard.common.schedule import cron, last_due, previous_fire, weekdays
 
 THURSDAY = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)  # 2026-12-03 is a Thursday
 

@@ -11,10 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from common.secrets import SecretRef
-from daemon.cli import main
-from daemon.loading import builtin_pack, builtin_packs, load
-from daemon.yamlfile import FileProblems, LineDict, LineList, Problem, field_path, line_of, load_yaml
+from specguard.cli import main
+from specguard.common.secrets import SecretRef
+from specguard.common.yamlfile import (
+    FileProblems,
+    LineDict,
+    LineList,
+    Problem,
+    field_path,
+    line_of,
+    load_yaml,
+)
+from specguard.config.loading import builtin_pack, builtin_packs, load
 
 GOOD_RULES = """\
 rules:
@@ -787,7 +795,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_module_entry_point_reports_errors_and_exits_1() -> None:
     write("cfg.yaml", "rules: [rules.yaml]\n")
     write("rules.yaml", ONE_RULE + "    for: 5 minutes\n")
-    done = _run(sys.executable, "-m", "daemon", "check", "--config", "cfg.yaml")
+    done = _run(sys.executable, "-m", "specguard", "check", "--config", "cfg.yaml")
     assert done.returncode == 1
     assert done.stdout == ""
     assert "rules.yaml:5: rules[0].for: invalid duration '5 minutes'" in done.stderr.splitlines()[0]

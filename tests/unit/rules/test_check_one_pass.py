@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
-from daemon.loading import load
+from specguard.cli import main
+from specguard.config.loading import load
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rules.conditions import Condition, MissingBaseline, parse_condition
+from specguard.rules.conditions import Condition, MissingBaseline, parse_condition
 
 OPERATORS = {
     "<": operator.lt,

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from common.sequential import Dispersion, kl, threshold
-from daemon.baseline import parse_baseline
-from daemon.engine import SeriesState, State, Verdict
-from daemon.evaluation import evaluate_rule
-from daemon.loading import LoadedRule, load
-from daemon.sources.base import Series, SourceResult
-from daemon.status import rule_rows
-from daemon.store import Store
-from rules.schema import Rule
-from rules.signals import Signal
+from specguard.common.sequential import Dispersion, kl, threshold
+from specguard.config.loading import LoadedRule, load
+from specguard.daemon.evaluation import evaluate_rule
+from specguard.daemon.status import rule_rows
+from specguard.rules.schema import Rule
+from specguard.rules.signals import Signal
+from specguard.sources.base import Series, SourceResult
+from specguard.store.baseline import parse_baseline
+from specguard.store.database import Store
+from specguard.store.records import SeriesState, State, Verdict
 
 LABELS = {"instance": "vllm-a:8000", "model_name": "m"}
 KEY = '{"instance":"vllm-a:8000","model_name":"m"}'
@@ -266,7 +266,7 @@ def test_a_bad_detector_is_named_by_file_line_and_field(
 
 def test_h_follows_the_interval_and_the_false_alarm_target() -> None:
     item = detector_rule(false_alarm_every="7d")
-    from daemon.evaluation import spec_of
+    from specguard.daemon.evaluation import spec_of
 
     spec = spec_of(item, 15.0)
     assert spec.condition.constant == pytest.approx(math.log(7 * 86400 / 10))

@@ -17,18 +17,19 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_collapse_detector import Traffic
-from common.sequential import Dispersion
-from daemon.baseline import parse_baseline
-from daemon.cli import main
-from daemon.engine import SeriesState, State, Verdict, series_key
-from daemon.evaluation import evaluate_rule
-from daemon.loading import LoadedRule, load
-from daemon.sources.base import Series, SourceResult
-from daemon.status import rule_rows
-from daemon.statusview import detector_line as _detector_line
-from daemon.store import Store
-from rules.schema import Rule
-from rules.signals import Signal
+from specguard.cli import main
+from specguard.common.sequential import Dispersion
+from specguard.config.loading import LoadedRule, load
+from specguard.daemon.evaluation import evaluate_rule
+from specguard.daemon.status import rule_rows
+from specguard.daemon.statusview import detector_line as _detector_line
+from specguard.engine.states import series_key
+from specguard.rules.schema import Rule
+from specguard.rules.signals import Signal
+from specguard.sources.base import Series, SourceResult
+from specguard.store.baseline import parse_baseline
+from specguard.store.database import Store
+from specguard.store.records import SeriesState, State, Verdict
 
 HEALTHY, COLLAPSED = 0.8, 0.05
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from rules.durations import Duration, format_duration, format_wait, parse_duration
+from specguard.rules.durations import Duration, format_duration, format_wait, parse_duration
 
 
 @pytest.mark.parametrize(

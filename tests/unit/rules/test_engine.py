@@ -6,21 +6,12 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from daemon.engine import (
-    MISSING_SERIES,
-    Event,
-    Outcome,
-    RuleSpec,
-    SeriesState,
-    State,
-    Verdict,
-    evaluate,
-    series_key,
-)
-from daemon.sources.base import Invalid, Series, SourceResult
-from rules.conditions import parse_condition
-from rules.schema import NoDataPolicy
-from rules.signals import get_signal
+from specguard.engine.states import MISSING_SERIES, Outcome, RuleSpec, evaluate, series_key
+from specguard.rules.conditions import parse_condition
+from specguard.rules.schema import NoDataPolicy
+from specguard.rules.signals import get_signal
+from specguard.sources.base import Invalid, Series, SourceResult
+from specguard.store.records import Event, SeriesState, State, Verdict
 
 A = {"instance": "a:8000", "model_name": "m"}
 B = {"instance": "b:8000", "model_name": "m"}

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from daemon.baseline import parse_baseline
-from daemon.engine import State, Verdict
-from daemon.evaluation import evaluate_rule
-from daemon.loading import LoadedRule, load
-from daemon.sources.scrape import ScrapeSource
-from rules.schema import Rule
+from specguard.config.loading import LoadedRule, load
+from specguard.daemon.evaluation import evaluate_rule
+from specguard.rules.schema import Rule
+from specguard.sources.scrape import ScrapeSource
+from specguard.store.baseline import parse_baseline
+from specguard.store.records import State, Verdict
 from tests.pages import (
     ACCEPTED,
     DRAFT_TOKENS,

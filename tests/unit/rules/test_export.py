@@ -17,13 +17,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.baseline import Entry
-from daemon.cli import main
-from daemon.evaluation import thresholds
-from daemon.export.alertmanager import export_receiver, webhook_url
-from daemon.export.prometheus_rules import RulesExport, entry_scopes, export_rules, go_template
-from daemon.loading import Loaded, load
-from rules.matchers import Matcher, all_match
+from specguard.cli import main
+from specguard.config.loading import Loaded, load
+from specguard.daemon.evaluation import thresholds
+from specguard.export.alertmanager import export_receiver, webhook_url
+from specguard.export.prometheus_rules import RulesExport, entry_scopes, export_rules, go_template
+from specguard.rules.matchers import Matcher, all_match
+from specguard.store.baseline import Entry
 
 MEASURED_AT = "2026-11-30T10:00:00Z"
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_collapse_detector import Traffic
-from common.homogeneity import (
+from specguard.common.homogeneity import (
     FALSE_REJECTION,
     MOVING_RANGE,
     Window,

@@ -23,20 +23,20 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-import sim.engine as sim_engine
-from daemon.baseline import Baseline
-from daemon.engine import SeriesState, State, Verdict
-from daemon.evaluation import evaluate_rule
-from daemon.exposition import parse_exposition
-from daemon.loading import Loaded, LoadedRule, load
-from daemon.sources.scrape import ScrapeSource
-from playbook.bench import histograms
-from playbook.bench.prompts import builtin
-from playbook.bench.stats import quantile
-from sim.engine import Engine, GenerationParams
-from sim.metrics import VllmMetrics
-from sim.options import SimOptions, SpeculativeConfig
-from sim.tokens import text_token_ids
+import specguard.sim.engine as sim_engine
+from specguard.config.loading import Loaded, LoadedRule, load
+from specguard.daemon.evaluation import evaluate_rule
+from specguard.playbook.bench import histograms
+from specguard.playbook.bench.prompts import builtin
+from specguard.playbook.bench.stats import quantile
+from specguard.sim.engine import Engine, GenerationParams
+from specguard.sim.metrics import VllmMetrics
+from specguard.sim.options import SimOptions, SpeculativeConfig
+from specguard.sim.tokens import text_token_ids
+from specguard.sources.scrape import ScrapeSource
+from specguard.store.baseline import Baseline
+from specguard.store.exposition import parse_exposition
+from specguard.store.records import SeriesState, State, Verdict
 from tests.virtual_time import VirtualTimeLoop, clock_module
 
 EPOCH = 1_800_000_000.0

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from daemon.cli import main
-from rules.messages import Wording, message, wording_of
-from rules.schema import Messages, Rule
+from specguard.cli import main
+from specguard.rules.messages import Wording, message, wording_of
+from specguard.rules.schema import Messages, Rule
 
 LABELS = {"instance": "a:8000", "model_name": "m"}
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rules.conditions import parse_condition
-from rules.schema import AlertMatch, NoDataPolicy, Rule, RuleFile, Severity
-from rules.templates import FIELDS, check_template, render
+from specguard.rules.conditions import parse_condition
+from specguard.rules.schema import AlertMatch, NoDataPolicy, Rule, RuleFile, Severity
+from specguard.rules.templates import FIELDS, check_template, render
 
 
 def rule(**fields: Any) -> Rule:

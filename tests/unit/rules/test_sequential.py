@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from common.sequential import (
+from specguard.common.sequential import (
     Decision,
     Dispersion,
     Sprt,
@@ -262,7 +262,7 @@ def test_windows_that_share_requests_get_the_long_run_dispersion_of_their_sums()
 
 def test_a_round_of_requests_that_differ_varies_as_round_dispersion_says() -> None:
     # Rounds of 4 requests of 64 trials, each request's α a Beta of mean 0.75 and spread 0.1.
-    from sim.model import beta_parameters
+    from specguard.sim.model import beta_parameters
 
     rng = np.random.default_rng(21)
     a, b = beta_parameters(0.75, 0.1)
@@ -285,7 +285,7 @@ def test_with_requests_that_differ_the_pooled_alpha_hat_rises_a_little_with_k() 
     # The same at every k holds for drafts alike. With each request's α a Beta of mean 0.75 and
     # spread 0.1, a request that accepts more makes more trials per draft, and the more so at a
     # larger k: pooled, α̂ reads 0.750, 0.761, 0.768 and 0.776 at k = 1, 3, 5 and 8.
-    from sim.model import beta_parameters
+    from specguard.sim.model import beta_parameters
 
     rng = np.random.default_rng(13)
     a, b = beta_parameters(0.75, 0.1)

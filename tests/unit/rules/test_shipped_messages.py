@@ -16,15 +16,16 @@ from typing import Literal
 
 import pytest
 
-from daemon.dispatch import describe
-from daemon.engine import Event, SeriesState, State, evaluate, series_key
-from daemon.evaluation import spec_of
-from daemon.loading import LoadedRule, load
-from daemon.sources.base import Series, SourceResult
-from rules.conditions import Condition
-from rules.messages import Wording, default, fields, given, message
-from rules.schema import NoDataPolicy, Rule
-from rules.templates import render
+from specguard.config.loading import LoadedRule, load
+from specguard.daemon.evaluation import spec_of
+from specguard.dispatch import describe
+from specguard.engine.states import evaluate, series_key
+from specguard.rules.conditions import Condition
+from specguard.rules.messages import Wording, default, fields, given, message
+from specguard.rules.schema import NoDataPolicy, Rule
+from specguard.rules.templates import render
+from specguard.sources.base import Series, SourceResult
+from specguard.store.records import Event, SeriesState, State
 
 INTERVAL = 15.0  # the config's evaluation interval, for rules without their own
 LABELS = {"instance": "a:8000", "model_name": "m"}

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from daemon.sources.scrape import ScrapeSource
-from rules.signals import DEFAULT_GROUP_BY, get_signal
+from specguard.rules.signals import DEFAULT_GROUP_BY, get_signal
+from specguard.sources.scrape import ScrapeSource
 
 TARGET = "http://10.0.0.7:8000/metrics"
 SIGNAL = get_signal("token_acceptance")

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from daemon.baseline import HEAD_DRAFT_COST, parse_baseline
-from daemon.loading import load
+from specguard.config.loading import load
+from specguard.store.baseline import HEAD_DRAFT_COST, parse_baseline
 
 M1 = {"instance": "a:8000", "model_name": "llama-70b"}
 M1_OTHER_HOST = {"instance": "b:8000", "model_name": "llama-70b"}

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.exposition import catalog_sample_names, parse_exposition
+from specguard.store.exposition import catalog_sample_names, parse_exposition
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SELF_DRAFT = (FIXTURES / "vllm-0.32.0-cpu-metrics-self-draft.prom").read_text()

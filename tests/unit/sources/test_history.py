@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon import history
-from daemon.exposition import parse_exposition
-from daemon.store import Store
+from specguard.store import history
+from specguard.store.database import Store
+from specguard.store.exposition import parse_exposition
 
 T0 = 1_764_000_000.0 - 1_764_000_000.0 % 60  # a minute's start
 

@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from daemon.exposition import parse_exposition
-from daemon.sources.base import SourceResult
-from daemon.sources.scrape import ScrapeSource, bucket_quantile, counter_rate, instance_label, signal_over
-from rules.signals import DEFAULT_GROUP_BY, get_signal
+from specguard.rules.signals import DEFAULT_GROUP_BY, get_signal
+from specguard.sources.base import SourceResult
+from specguard.sources.scrape import ScrapeSource, bucket_quantile, counter_rate, instance_label, signal_over
+from specguard.store.exposition import parse_exposition
 from tests.pages import (
     ACCEPTED,
     DRAFT_TOKENS,

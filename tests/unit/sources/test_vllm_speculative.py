@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from actions.vllm_restart import speculative
+from specguard.actions.vllm_restart import speculative
 from tests.supervisor import parse_env, read_env
 
 DRAFT = {

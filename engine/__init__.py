@@ -1,0 +1,2 @@
+"""The engine, pure: the state machine of every rule and series (``states``), and the sequential
+detector a ``detect:`` rule judges with (``detection``, its warm-up in ``warmup``)."""

@@ -1,0 +1,1 @@
+"""The daemon's own Prometheus metrics (``registry``), served on its ``/metrics``."""

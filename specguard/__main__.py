@@ -1,0 +1,5 @@
+"""``python -m specguard``: the ``specguard`` command."""
+
+from specguard.cli import main
+
+raise SystemExit(main())

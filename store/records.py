@@ -1,0 +1,79 @@
+"""What the store keeps of the rules' states and the actions' runs: small records, below the engine
+and the dispatcher that make them and the store that saves them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+# What evaluated a rule: its schedule, unless an Alertmanager delivery did (see daemon.alertmanager).
+SCHEDULE = "schedule"
+
+
+class State(StrEnum):
+    INACTIVE = "inactive"
+    PENDING = "pending"
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class Verdict(StrEnum):
+    BREACH = "breach"
+    OK = "ok"
+    NO_DATA = "no_data"
+    ERROR = "error"
+    WARMING_UP = "warming_up"
+
+
+@dataclass(frozen=True)
+class SeriesState:
+    labels: Mapping[str, str]
+    state: State = State.INACTIVE
+    since: float | None = None  # when the current state began
+    breach_since: float | None = None  # start of the current run of breaches
+    last_breach: float | None = None
+    consecutive: int = 0  # breaching evaluations in a row
+    verdict: Verdict | None = None
+    value: float | None = None
+    threshold: float | None = None
+    error: str | None = None
+    last_eval: float | None = None
+    ok_since: float | None = None  # first ok evaluation of a firing series (keep_firing_for)
+    last_data: float | None = None  # last evaluation that had a value for the series
+    last_seen: float | None = None  # last evaluation whose source knew the series
+    moved_by: str | None = None  # the trigger of the evaluation that last changed the state
+    # A sequential detector's own state (its statistic, warm-up and calibration; JSON values),
+    # kept with the series so that it survives restarts; None for threshold rules.
+    detector: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """A state transition of one series."""
+
+    rule: str
+    series: str
+    labels: Mapping[str, str]
+    kind: State  # the state entered
+    previous: State
+    at: float
+    value: float | None
+    threshold: float | None
+    trigger: str = SCHEDULE
+    since: float | None = None  # a firing's: when the run of breaches that fired it began
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one action run ended: what a notifying action tells about the others."""
+
+    rule: str
+    series: str
+    event: str  # firing | resolved
+    action: str
+    mode: str  # run | restore
+    status: str  # ok | failed
+    detail: str
+    at: float  # when it ended
