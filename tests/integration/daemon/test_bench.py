@@ -401,7 +401,7 @@ async def test_ctrl_c_reports_what_was_measured_and_writes_no_baseline(
     # leaves it ignored: bench would never see this interrupt.
     at_a_terminal = (
         "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        f"sys.argv = {argv!r}; runpy.run_module('daemon', run_name='__main__')"
+        f"sys.argv = {argv!r}; runpy.run_module('specguard', run_name='__main__')"
     )
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-X", "faulthandler", "-c", at_a_terminal,

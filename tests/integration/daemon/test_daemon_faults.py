@@ -261,7 +261,7 @@ async def test_a_state_dir_on_the_command_line_is_relative_to_where_the_command_
         [
             sys.executable,
             "-m",
-            "daemon",
+            "specguard",
             "run",
             "--config",
             str(config),

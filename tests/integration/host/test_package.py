@@ -28,19 +28,59 @@ from tests.installed import REPO, Installed
 from tests.ports import free_port
 from tests.processes import Daemon
 
-PACKAGES = {"daemon", "rules", "actions", "common", "sim", "playbook", "report"}
+# The parts of the one import package: top-level folders of the tree, linked from specguard/.
+PACKAGES = {link.name for link in (REPO / "specguard").iterdir() if link.is_symlink()}
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _setup_parts() -> set[str]:
+    """The parts setup.py maps under ``specguard`` (its PARTS tuple)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    (parts,) = [
+        node.value for node in tree.body
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["PARTS"]
+    ]  # fmt: skip
+    return set(ast.literal_eval(parts))
+
+
+def test_the_links_in_the_tree_the_parts_setup_maps_and_the_top_level_packages_agree() -> None:
+    folders = {p.parent.name for p in REPO.glob("*/__init__.py") if p.parent.name not in {"specguard", "tests"}}
+    assert PACKAGES == _setup_parts() == folders
+    for part in PACKAGES:  # each link names the folder of its own name, relatively (a clone moves)
+        assert (REPO / "specguard" / part).readlink() == Path("..") / part
+
+
+def test_the_wheel_installs_one_top_level_name_specguard(installed: Installed) -> None:
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        names = wheel.namelist()
+    assert {name.split("/")[0] for name in names if not name.startswith("specguard-")} == {"specguard"}
+    assert {name.split("/")[1] for name in names if name.count("/") >= 2 and name.startswith("specguard/")} == PACKAGES
+    # Installed: what pip put in site-packages for specguard is the package and its dist-info.
+    (site,) = installed.venv.glob("lib/python*/site-packages")
+    (record,) = site.glob("specguard-*.dist-info/RECORD")
+    paths = [line.split(",")[0] for line in record.read_text().splitlines()]
+    tops = {path.split("/")[0] for path in paths if not path.startswith("../")}  # ../../../bin: the command
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"specguard"}
+    # None of the old generic names is importable from the install; the command and -m both work.
+    done = installed.python(
+        "import importlib.util as u; print([n for n in ('daemon', 'common', 'report', 'rules', 'sim') if u.find_spec(n)])"
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+    module = subprocess.run(
+        [str(installed.bin / "python"), "-m", "specguard", "--version"], cwd=installed.home,
+        env=installed.env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert module.returncode == 0, module.stderr
+    assert module.stdout == installed.run("--version").stdout
 
 
 def test_the_wheel_holds_the_packages_and_their_data_and_no_tests(installed: Installed) -> None:
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = wheel.namelist()
-    tops = {name.split("/")[0] for name in names if not name.startswith("specguard-")}
-    assert tops == PACKAGES
     assert not [name for name in names if "/tests/" in name or name.startswith(("tests/", "benchmarks/"))]
-    assert "rules/packs/speculative.yaml" in names
-    assert "playbook/bench/prompts/chat.jsonl" in names
-    assert "daemon/cli/commands.py" in names
+    assert "specguard/rules/packs/speculative.yaml" in names
+    assert "specguard/playbook/bench/prompts/chat.jsonl" in names
+    assert "specguard/cli/__init__.py" in names
     # The license, as PEP 639 places it, byte for byte the file in the tree.
     (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     with zipfile.ZipFile(installed.wheel) as wheel:
@@ -103,7 +143,7 @@ def test_the_extras_are_named_for_what_they_bring_and_the_daemon_needs_none(inst
     # Installed without extras: no matplotlib, and the daemon's modules import without it.
     assert installed.python("import matplotlib").returncode != 0
     done = installed.python(
-        "import daemon.runtime, daemon.cli, report.weekly, sys; "
+        "import specguard.daemon.runtime, specguard.cli, specguard.report.weekly, sys; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'matplotlib', 'transformers', 'torch', 'vllm'}))"
     )
     assert done.returncode == 0, done.stderr
@@ -125,7 +165,7 @@ def _third_party_imports() -> dict[str, set[str]]:
                     continue
                 for name in names:
                     top = name.split(".")[0]
-                    if top not in sys.stdlib_module_names and top not in PACKAGES and top != "__future__":
+                    if top not in sys.stdlib_module_names and top != "specguard" and top != "__future__":
                         found.setdefault(top, set()).add(str(path.relative_to(REPO)))
     return found
 
@@ -158,7 +198,9 @@ def test_every_third_party_module_the_code_imports_is_a_declared_dependency(inst
 
 
 def test_the_installed_modules_come_from_the_venv_and_no_test_code_is_there(installed: Installed) -> None:
-    done = installed.python("import daemon, rules; print(daemon.__file__); print(rules.__file__)")
+    done = installed.python(
+        "import specguard.daemon, specguard.rules as r; print(specguard.daemon.__file__); print(r.__file__)"
+    )
     assert done.returncode == 0, done.stderr
     for path in done.stdout.split():
         assert Path(path).is_relative_to(installed.venv), path
@@ -166,7 +208,7 @@ def test_the_installed_modules_come_from_the_venv_and_no_test_code_is_there(inst
     # Everything pip installed for specguard, from its RECORD: no test module among it.
     (record,) = installed.venv.glob("lib/python*/site-packages/specguard-*.dist-info/RECORD")
     files = [line.split(",")[0] for line in record.read_text().splitlines()]
-    assert "daemon/runtime.py" in files
+    assert "specguard/daemon/runtime.py" in files
     assert not [f for f in files if f.startswith("tests/") or Path(f).name.startswith(("test_", "conftest"))]
 
 
