@@ -1,5 +1,6 @@
 """The ``specguard`` command line: the parser, and the commands small enough to live here (the
-larger ones have a module each beside it)."""
+larger ones have a module each beside it; what several share is in ``options``, ``printing`` and
+``statedb``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import asyncio
 import gc
 import json
 import math
-import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,13 @@ from specguard import __version__
 from specguard.cli import backup as cli_backup
 from specguard.cli import detectors as cli_detectors
 from specguard.cli import ladder as cli_ladder
+from specguard.cli import options, rulenames, unread
 from specguard.cli import reading as cli_reading
 from specguard.cli import report as cli_report
-from specguard.cli import rulenames, unread
 from specguard.cli import silence as cli_silence
 from specguard.cli import status as cli_status
+from specguard.cli.printing import print_columns, print_problems
+from specguard.cli.statedb import state_database
 from specguard.daemon.statusview import detector_line
 
 DESCRIPTION = """\
@@ -45,29 +47,6 @@ http://127.0.0.1:8000/metrics, evaluates the shipped rule pack and logs what fir
 """
 
 
-def _add_config(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        "-c",
-        type=Path,
-        default=os.environ.get("SPECGUARD_CONFIG") or None,
-        help="specguard.yaml (default: $SPECGUARD_CONFIG, else built-in defaults)",
-    )
-
-
-def _add_source_overrides(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--scrape",
-        metavar="URL",
-        action="append",
-        help="read this vLLM /metrics URL directly (repeatable); replaces the configured sources",
-    )
-    group.add_argument(
-        "--prometheus", metavar="URL", help="query this Prometheus; replaces the configured sources"
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specguard",
@@ -85,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "SIGHUP reloads the config (an invalid one is refused and the old one kept); "
         "SIGTERM/SIGINT stop it cleanly.",
     )
-    _add_config(run)
-    _add_source_overrides(run)
+    options.add_config(run)
+    options.add_source_overrides(run)
     run.add_argument("--listen", metavar="HOST", help="address of the HTTP server (default 127.0.0.1)")
     run.add_argument("--port", type=int, metavar="N", help="port of the HTTP server (default 9464)")
     run.add_argument(
@@ -109,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rule names, a rule that will report an error for want of a baseline or a draft cost). "
         "Exit 0 when valid (warnings or not), 1 otherwise.",
     )
-    _add_config(check)
+    options.add_config(check)
     check.add_argument(
         "rule_files",
         nargs="*",
@@ -129,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Prometheus could not be read (the table is printed all the same); 2 when a --rule names "
         "no enabled rule of the config.",
     )
-    _add_config(ev)
-    _add_source_overrides(ev)
+    options.add_config(ev)
+    options.add_source_overrides(ev)
     ev.add_argument("--once", action="store_true", help="evaluate once (the only mode; kept explicit)")
     ev.add_argument("--sample-gap", type=float, default=5.0, metavar="SECONDS", help="default 5")
     cli_reading.add_arguments(ev)
@@ -153,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the rule's message for that transition) and what its actions did later. Reads the database of the config's "
         "state_dir (or --state-dir); the daemon may be running.",
     )
-    _add_config(history)
+    options.add_config(history)
     history.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
     history.add_argument(
         "--rule",
@@ -164,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--limit", type=int, default=50, metavar="N", help="how many changes (default 50)")
     history.add_argument("--format", choices=["table", "json"], default="table", help="default table")
 
-    _add_silence(sub)
+    cli_silence.add_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -199,10 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     signals.add_argument("--window", default="5m", help="window used in the PromQL shown (default 5m)")
     signals.add_argument("--format", choices=["table", "json"], default="table")
     _add_export(sub)
-    cli_status.add_parser(sub, _add_config)
-    cli_ladder.add_parser(sub, _add_config)
-    cli_report.add_parser(sub, _add_config)
-    cli_backup.add_parser(sub, _add_config)
+    cli_status.add_parser(sub)
+    cli_ladder.add_parser(sub)
+    cli_report.add_parser(sub)
+    cli_backup.add_parser(sub)
     from specguard.playbook.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
@@ -230,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "history":
             return cmd_history(args)
         if args.command == "silence":
-            return cli_silence.cmd_silence(args, _state_database, _print_columns)
+            return cli_silence.cmd_silence(args)
         if args.command == "export":
             return cmd_export(args)
         if args.command == "status":
@@ -238,9 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ladder":
             return cli_ladder.cmd_ladder(args)
         if args.command == "report":
-            return cli_report.cmd_report(args, _state_database)
+            return cli_report.cmd_report(args)
         if args.command == "backup":
-            return cli_backup.cmd_backup(args, _state_database)
+            return cli_backup.cmd_backup(args)
         if args.command == "bench":
             from specguard.playbook.bench import cli as bench_cli
 
@@ -256,33 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     parser.error(f"unknown command {args.command}")
     return 2
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if getattr(args, "scrape", None):
-        out["sources"] = {"scrape": {"targets": args.scrape}}
-    elif getattr(args, "prometheus", None):
-        out["sources"] = {"prometheus": {"url": args.prometheus}}
-    server = {
-        key: str(Path.cwd() / value.expanduser()) if isinstance(value, Path) else value
-        for key in ("listen", "port", "webhook_token_file")
-        if (value := getattr(args, key, None)) is not None
-    }
-    if server:
-        out["server"] = server
-    for key in ("state_dir", "dry_run", "log_format"):
-        value = getattr(args, key, None)
-        if value is not None:
-            # A path on the command line is relative to where the command runs (one in the config
-            # file is relative to the file).
-            out[key] = str(Path.cwd() / value.expanduser()) if isinstance(value, Path) else value
-    return out
-
-
-def _print_problems(loaded: Any) -> None:
-    for problem in sorted(loaded.problems, key=lambda p: (p.file, p.line or 0)):
-        print(problem, file=sys.stderr)
 
 
 def _config_data(path: Path | None) -> Any:
@@ -304,7 +256,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     state = check_state_dir(loaded, _config_data(args.config))
     if state is not None:
         loaded.problems.append(state)
-    _print_problems(loaded)
+    print_problems(loaded)
     if not loaded.ok:
         print(f"{len(loaded.errors)} error(s)", file=sys.stderr)
         return 1
@@ -346,11 +298,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specguard.common import logs
     from specguard.config.loading import load
 
-    overrides = _overrides(args)
+    overrides = options.overrides(args)
     loaded = load(args.config, (), overrides)
     logs.setup(loaded.config.log_format, loaded.config.log_level)
     if not loaded.ok:
-        _print_problems(loaded)
+        print_problems(loaded)
         print("specguard: not starting: the configuration has errors", file=sys.stderr)
         return 1
     for problem in loaded.warnings:
@@ -370,9 +322,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from specguard.config.loading import load
 
-    loaded = load(args.config, (), _overrides(args))
+    loaded = load(args.config, (), options.overrides(args))
     if not loaded.ok:
-        _print_problems(loaded)
+        print_problems(loaded)
         return 1
     mistake = rulenames.eval_mistake(loaded, args.rule or ())
     if mistake is not None:
@@ -524,16 +476,6 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _print_columns(table: Sequence[Sequence[str]], below: Mapping[int, Sequence[str]] | None = None) -> None:
-    """Rows of cells in aligned columns, the first row the header; ``below[i]``: lines printed
-    under row i, from the second column on."""
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for index, row in enumerate(table):
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        for line in (below or {}).get(index, ()):
-            print(" " * (widths[0] + 2) + line)
-
-
 def _print_table(rows: list[dict[str, Any]]) -> None:
     header = ("RULE", "SIGNAL", "LABELS", "VALUE", "THRESHOLD", "VERDICT", "STATE", "OVER", "TRIGGER")
     table = [header]
@@ -552,7 +494,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
                 row["trigger"].split(":", 1)[0],
             )
         )
-    _print_columns(table)
+    print_columns(table)
     notes = cli_reading.notes_line(rows)
     if notes is not None:
         print(notes)
@@ -579,32 +521,6 @@ def _run_cell(run: dict[str, Any]) -> str:
     return cell
 
 
-def _state_database(
-    args: argparse.Namespace, command: str, loaded_out: list[Any] | None = None
-) -> Path | None:
-    """The state database of the config's state_dir (or --state-dir); None, said, when there is
-    none or the config is wrong. The loaded config goes to ``loaded_out``."""
-    from specguard.config.loading import load
-    from specguard.daemon.runtime import STORE_FILE
-
-    overrides = {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
-    loaded = load(args.config, (), overrides)
-    if not loaded.ok:
-        _print_problems(loaded)
-        return None
-    if loaded_out is not None:
-        loaded_out.append(loaded)
-    path = loaded.config.resolved_state_dir() / STORE_FILE
-    if not path.is_file():
-        print(
-            f"specguard {command}: no state database at {path}: the daemon has not run with this "
-            "state_dir (give --config or --state-dir)",
-            file=sys.stderr,
-        )
-        return None
-    return path
-
-
 def cmd_history(args: argparse.Namespace) -> int:
     from specguard.store.database import StoreError, opened
 
@@ -618,7 +534,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             print(f"specguard history: --since: {exc}", file=sys.stderr)
             return 2
     loaded: list[Any] = []
-    path = _state_database(args, "history", loaded)
+    path = state_database(args, "history", loaded)
     if path is None:
         return 1
 
@@ -656,7 +572,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             f"{time.strftime('%H:%M:%S', time.gmtime(note['at']))} {note['action']}: {note['text']}"
             for note in event["notes"]
         ]
-    _print_columns(table, below)
+    print_columns(table, below)
     return 0
 
 
@@ -753,7 +669,7 @@ def _add_export(sub: Any) -> None:
         "grouped by evaluation interval. Baseline thresholds are written as numbers, one rule per "
         "baseline entry. What Prometheus cannot do is said in comments and warnings (stderr).",
     )
-    _add_config(rules)
+    options.add_config(rules)
     rules.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here (default: stdout)")
     receiver = what.add_parser(
         "alertmanager-receiver",
@@ -761,7 +677,7 @@ def _add_export(sub: Any) -> None:
         description="Print a complete Alertmanager config whose receiver posts to this config's "
         "webhook (server.listen, server.port, server.webhook_path) with a bearer token file.",
     )
-    _add_config(receiver)
+    options.add_config(receiver)
     receiver.add_argument(
         "--credentials-file",
         metavar="PATH",
@@ -788,7 +704,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     loaded = load(args.config)
     if not loaded.ok:
-        _print_problems(loaded)
+        print_problems(loaded)
         print("specguard export: nothing written: the configuration has errors", file=sys.stderr)
         return 1
     # The loader's warnings are `specguard check`'s business; what they mean for the export (a rule
@@ -842,44 +758,3 @@ def _export_receiver(loaded: Any, args: argparse.Namespace) -> int:
         print(f"specguard export: warning: {warning}", file=sys.stderr)
     sys.stdout.write(result.text)
     return 0
-
-
-def _add_silence(sub: Any) -> None:
-    silence = sub.add_parser(
-        "silence",
-        help="hold a rule's actions back for a while: add, list, expire",
-        description="A silence holds back the actions of a rule's firings (those whose labels "
-        "match) until it ends: each held-back run is recorded with the silence's id and reason. "
-        "Silences live in the state database of the config's state_dir (or --state-dir), which "
-        "the running daemon reads at each firing; the HTTP API (/api/silences) manages the same.",
-    )
-    verbs = silence.add_subparsers(dest="verb", metavar="VERB", required=True)
-    add = verbs.add_parser("add", help="add a silence", description="Add a silence, starting now.")
-    add.add_argument(
-        "--rule",
-        required=True,
-        help="the rule's name, or a glob (acceptance_*); one that matches no rule is refused (exit 2)",
-    )
-    add.add_argument(
-        "--match",
-        action="append",
-        default=[],
-        metavar="LABEL=VALUE",
-        help="only series whose labels match (=, !=, =~, !~); repeat for several",
-    )
-    add.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="how long, e.g. 2h")
-    add.add_argument("--reason", required=True, help="why, for whoever is on call next")
-    add.add_argument("--author", help="who (default: $SUDO_USER or $USER)")
-    add.add_argument(
-        "--force",
-        action="store_true",
-        help="add it even when no rule of the config matches --rule (a rule about to be deployed)",
-    )
-    listing = verbs.add_parser("list", help="the silences in force and to come")
-    listing.add_argument("--all", action="store_true", help="ended and expired ones too")
-    listing.add_argument("--format", choices=["table", "json"], default="table", help="default table")
-    ending = verbs.add_parser("expire", help="end a silence now")
-    ending.add_argument("id", type=int, help="the silence's id (see `silence list`)")
-    for verb in (add, listing, ending):
-        _add_config(verb)
-        verb.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
