@@ -1,7 +1,8 @@
-"""The ``specguard`` command: ``main`` builds the parser and runs a command (``commands.py``, with
-the smaller commands); the larger commands have a module each (``status``, ``report``, ``ladder``,
-``backup``)."""
+"""The ``specguard`` command: ``entry`` builds the parser from each command's module (``run``,
+``check``, ``eval``, ``history``, ``silence``, ``demo``, ``simulate``, ``signals``, ``export``,
+``status``, ``ladder``, ``report``, ``backup``) and ``main`` runs the command asked for; what several
+share is in ``options`` (arguments), ``printing`` and ``statedb``."""
 
-from specguard.cli.commands import main
+from specguard.cli.entry import main
 
 __all__ = ["main"]

@@ -14,14 +14,16 @@ import contextlib
 import os
 import sqlite3
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from specguard.cli.options import add_config
+from specguard.cli.statedb import state_database
 
 PAGES_PER_STEP = 1024  # the daemon's writes wait at most one step's copy (a few ms)
 
 
-def add_parser(sub: Any, add_config: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: Any) -> None:
     backup = sub.add_parser(
         "backup",
         help="copy the state database, consistently, while the daemon runs",
@@ -73,9 +75,7 @@ def backup(source: Path, target: Path) -> dict[str, int]:
     return tables
 
 
-def cmd_backup(
-    args: argparse.Namespace, state_database: Callable[[argparse.Namespace, str], Path | None]
-) -> int:
+def cmd_backup(args: argparse.Namespace) -> int:
     source = state_database(args, "backup")
     if source is None:
         return 1

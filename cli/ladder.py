@@ -14,14 +14,15 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from specguard.cli.options import add_config
 
-def add_parser(sub: Any, add_config: Callable[[argparse.ArgumentParser], None]) -> None:
+
+def add_parser(sub: Any) -> None:
     ladder = sub.add_parser(
         "ladder",
         help="num_speculative_tokens of the vllm_restart actions: show, up, down, set K",

@@ -6,15 +6,17 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from specguard.cli.options import add_config
+from specguard.cli.statedb import state_database
+
 FORMATS = ("html", "md", "json")
 
 
-def add_parser(sub: Any, add_config: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: Any) -> None:
     report = sub.add_parser(
         "report",
         help="the weekly report: acceptance, speedup, latency against the baseline, what the rules did",
@@ -74,9 +76,7 @@ def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
     return start, end
 
 
-def cmd_report(
-    args: argparse.Namespace, state_database: Callable[[argparse.Namespace, str], Path | None]
-) -> int:
+def cmd_report(args: argparse.Namespace) -> int:
     from specguard.config.loading import load
     from specguard.report import weekly
     from specguard.store.database import StoreError, opened

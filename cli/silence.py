@@ -10,18 +10,57 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from specguard.cli import rulenames
+from specguard.cli.options import add_config
+from specguard.cli.printing import print_columns
+from specguard.cli.statedb import state_database
 
 
-def cmd_silence(
-    args: argparse.Namespace,
-    state_database: Callable[[argparse.Namespace, str, list[Any]], Path | None],
-    print_columns: Callable[..., None],
-) -> int:
+def add_parser(sub: Any) -> None:
+    silence = sub.add_parser(
+        "silence",
+        help="hold a rule's actions back for a while: add, list, expire",
+        description="A silence holds back the actions of a rule's firings (those whose labels "
+        "match) until it ends: each held-back run is recorded with the silence's id and reason. "
+        "Silences live in the state database of the config's state_dir (or --state-dir), which "
+        "the running daemon reads at each firing; the HTTP API (/api/silences) manages the same.",
+    )
+    verbs = silence.add_subparsers(dest="verb", metavar="VERB", required=True)
+    add = verbs.add_parser("add", help="add a silence", description="Add a silence, starting now.")
+    add.add_argument(
+        "--rule",
+        required=True,
+        help="the rule's name, or a glob (acceptance_*); one that matches no rule is refused (exit 2)",
+    )
+    add.add_argument(
+        "--match",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="only series whose labels match (=, !=, =~, !~); repeat for several",
+    )
+    add.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="how long, e.g. 2h")
+    add.add_argument("--reason", required=True, help="why, for whoever is on call next")
+    add.add_argument("--author", help="who (default: $SUDO_USER or $USER)")
+    add.add_argument(
+        "--force",
+        action="store_true",
+        help="add it even when no rule of the config matches --rule (a rule about to be deployed)",
+    )
+    listing = verbs.add_parser("list", help="the silences in force and to come")
+    listing.add_argument("--all", action="store_true", help="ended and expired ones too")
+    listing.add_argument("--format", choices=["table", "json"], default="table", help="default table")
+    ending = verbs.add_parser("expire", help="end a silence now")
+    ending.add_argument("id", type=int, help="the silence's id (see `silence list`)")
+    for verb in (add, listing, ending):
+        add_config(verb)
+        verb.add_argument("--state-dir", type=Path, metavar="DIR", help="where the state database lives")
+
+
+def cmd_silence(args: argparse.Namespace) -> int:
     from functools import partial
 
     from specguard.dispatch import silences

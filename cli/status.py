@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from specguard.cli.options import add_config
 from specguard.daemon.statusview import Cell, Condition, Section, Tone, View, build
 
 MAX_BODY = 64 * 1024 * 1024  # a status of many thousands of series is a few MB
@@ -53,7 +54,7 @@ class NotSpecguard(Exception):
     pass
 
 
-def add_parser(sub: Any, add_config: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: Any) -> None:
     status = sub.add_parser(
         "status",
         help="the running daemon's own view: health, targets, rules, fallbacks, actions, silences, ladders",

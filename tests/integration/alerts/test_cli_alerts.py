@@ -147,7 +147,7 @@ def test_history_since_keeps_the_recent_changes(
 ) -> None:
     asyncio.run(record_two_changes(config))
     monkeypatch.setattr(
-        "specguard.cli.commands.time.time", lambda: 1_800_000_070.0
+        "specguard.cli.history.time.time", lambda: 1_800_000_070.0
     )  # 10 s after the resolution
     assert main(["history", "--config", str(config), "--since", "30s", "--format", "json"]) == 0
     assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["resolved"]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from specguard.cli.commands import build_parser
+from specguard.cli.entry import build_parser
 from specguard.config.loading import load
 from specguard.config.schema import Config
 from specguard.store.baseline import parse_baseline

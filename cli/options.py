@@ -1,0 +1,54 @@
+"""The options several commands share: ``--config``, ``--scrape``/``--prometheus``, and the
+configuration overrides the command line makes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+
+def add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        default=os.environ.get("SPECGUARD_CONFIG") or None,
+        help="specguard.yaml (default: $SPECGUARD_CONFIG, else built-in defaults)",
+    )
+
+
+def add_source_overrides(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--scrape",
+        metavar="URL",
+        action="append",
+        help="read this vLLM /metrics URL directly (repeatable); replaces the configured sources",
+    )
+    group.add_argument(
+        "--prometheus", metavar="URL", help="query this Prometheus; replaces the configured sources"
+    )
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if getattr(args, "scrape", None):
+        out["sources"] = {"scrape": {"targets": args.scrape}}
+    elif getattr(args, "prometheus", None):
+        out["sources"] = {"prometheus": {"url": args.prometheus}}
+    server = {
+        key: str(Path.cwd() / value.expanduser()) if isinstance(value, Path) else value
+        for key in ("listen", "port", "webhook_token_file")
+        if (value := getattr(args, key, None)) is not None
+    }
+    if server:
+        out["server"] = server
+    for key in ("state_dir", "dry_run", "log_format"):
+        value = getattr(args, key, None)
+        if value is not None:
+            # A path on the command line is relative to where the command runs (one in the config
+            # file is relative to the file).
+            out[key] = str(Path.cwd() / value.expanduser()) if isinstance(value, Path) else value
+    return out
