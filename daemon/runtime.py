@@ -39,8 +39,8 @@ from specguard.rules.durations import format_duration
 from specguard.rules.matchers import all_match
 from specguard.sources.base import Source, SourceResult
 from specguard.store import history
-from specguard.store.database import EventRecord, Store, StoreError
-from specguard.store.records import SCHEDULE, SeriesState, State, Verdict
+from specguard.store.database import Store, StoreError
+from specguard.store.records import SCHEDULE, EventRecord, SeriesState, State, Verdict
 
 log = logging.getLogger("specguard")
 

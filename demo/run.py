@@ -51,8 +51,8 @@ from specguard.sim.slack_api import TOKEN, SlackApi, running
 from specguard.sim.traffic import Traffic
 from specguard.sources.scrape import instance_label
 from specguard.store.baseline import Baseline
-from specguard.store.database import ActionRun, EventRecord
 from specguard.store.history import MINUTE
+from specguard.store.records import ActionRun, EventRecord
 
 SPEEDUP = 20  # the shipped rules' windows and durations are divided by this
 NAME_WIDTH = 24  # the longest shipped rule name, speculation_unprofitable

@@ -17,8 +17,9 @@ from specguard.actions.feature_flag import FeatureFlagAction
 from specguard.config.loading import LoadedRule
 from specguard.dispatch import fallback
 from specguard.rules.durations import format_duration, format_wait
-from specguard.store.database import RunMode, Store
+from specguard.store.database import Store
 from specguard.store.memory import StoreMemory
+from specguard.store.records import RunMode
 
 log = logging.getLogger("specguard.fallback")
 

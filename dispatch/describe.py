@@ -12,8 +12,7 @@ from specguard.actions.base import ActionContext, ActionMemory
 from specguard.config.loading import LoadedRule
 from specguard.rules.messages import fields, message
 from specguard.rules.templates import render
-from specguard.store.database import ActionRun
-from specguard.store.records import Event, RunOutcome
+from specguard.store.records import ActionRun, Event, RunOutcome
 
 log = logging.getLogger("specguard.dispatcher")
 

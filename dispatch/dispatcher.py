@@ -36,18 +36,10 @@ from specguard.dispatch.holdings import Holdings
 from specguard.dispatch.ticks import TICK_RETRY, Ticks, is_fatal
 from specguard.metrics.registry import DaemonMetrics
 from specguard.rules.durations import format_wait
-from specguard.store.database import (
-    ActionRun,
-    EventRecord,
-    Guard,
-    PlannedRun,
-    RunMode,
-    RunStatus,
-    Store,
-    StoreError,
-)
+from specguard.store.commits import Guard
+from specguard.store.database import Store, StoreError
 from specguard.store.memory import StoreMemory
-from specguard.store.records import Event, RunOutcome
+from specguard.store.records import ActionRun, Event, EventRecord, PlannedRun, RunMode, RunOutcome, RunStatus
 
 log = logging.getLogger("specguard.dispatcher")
 

@@ -46,7 +46,8 @@ from specguard.actions.feature_flag import (
 )
 from specguard.config.loading import LoadedRule
 from specguard.dispatch import guards
-from specguard.store.database import RunMode, RunStatus, transaction
+from specguard.store.connection import transaction
+from specguard.store.records import RunMode, RunStatus
 
 log = logging.getLogger("specguard.fallback")
 

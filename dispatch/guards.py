@@ -49,8 +49,7 @@ from specguard.actions.base import Budget
 from specguard.config.loading import LoadedRule
 from specguard.dispatch import silences
 from specguard.rules.durations import format_duration
-from specguard.store.database import PlannedRun, RunMode, RunStatus
-from specguard.store.records import Event, State
+from specguard.store.records import Event, PlannedRun, RunMode, RunStatus, State
 
 # When a run counts as acted on (its guards let it through), for budgets and cooldowns. Runs
 # written before this was recorded count from their creation unless they were held back.

@@ -11,8 +11,9 @@ from specguard.actions import Action
 from specguard.config.loading import LoadedRule
 from specguard.dispatch import guards
 from specguard.metrics.registry import DaemonMetrics
-from specguard.store.database import PlannedRun, RunStatus, Store, transaction
-from specguard.store.records import Event, State
+from specguard.store.connection import transaction
+from specguard.store.database import Store
+from specguard.store.records import Event, PlannedRun, RunStatus, State
 
 log = logging.getLogger("specguard.dispatcher")
 

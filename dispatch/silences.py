@@ -29,7 +29,7 @@ from specguard.dispatch import api
 from specguard.dispatch.api import plain
 from specguard.rules.durations import format_duration, parse_duration
 from specguard.rules.matchers import OPS, all_match, parse_matchers
-from specguard.store.database import transaction
+from specguard.store.connection import transaction
 
 log = logging.getLogger("specguard.silences")
 

@@ -25,7 +25,8 @@ from specguard.common.schedule import last_due, previous_fire
 from specguard.report.build import build
 from specguard.report.model import Report
 from specguard.store.baseline import Baseline
-from specguard.store.database import Store, transaction
+from specguard.store.connection import transaction
+from specguard.store.database import Store
 
 log = logging.getLogger("specguard.report")
 

@@ -1,11 +1,13 @@
-"""The store: specguard's memory, in SQLite (WAL).
+"""The store: specguard's memory, in SQLite (WAL), and ``Store``, its way in from the event loop.
 
 Rule series states, every event, and every action run (an outbox: a run is written as ``pending``
 in the same transaction as the state change that caused it, and marked done after it ran). A
 restarted daemon resumes from here: a firing rule is still firing and does not fire again, and a
 run that was pending or interrupted is carried out.
 
-All SQLite work happens on one writer thread, so the event loop never blocks on disk.
+All SQLite work happens on one writer thread, so the event loop never blocks on disk. The tables
+are in ``schema``, the connections and ``transaction`` in ``connection``, an evaluation's commit
+in ``commits`` and the readers of events and runs in ``queries``.
 """
 
 from __future__ import annotations
@@ -19,193 +21,19 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specguard.store.records import Event, RunOutcome, SeriesState, State, Verdict
+from specguard.store import commits, queries
+from specguard.store.commits import Guard
+from specguard.store.connection import connect, open_database, transaction
+from specguard.store.records import ActionRun, EventRecord, RunOutcome, SeriesState
 
 T = TypeVar("T")
 
 
 class StoreError(Exception):
     """The store cannot be read or written; the message names the file and the reason."""
-
-
-SCHEMA_VERSION = 8
-BUSY_TIMEOUT = 5.0  # seconds a statement waits for another connection's lock
-# Columns each schema version added to a table, so an older database is brought up to date.
-_COLUMNS_SINCE = {
-    2: (
-        ("series_state", "ok_since REAL"),
-        ("series_state", "last_data REAL"),
-        ("series_state", "last_seen REAL"),
-    ),
-    3: (("events", "trigger TEXT NOT NULL DEFAULT 'schedule'"), ("series_state", "moved_by TEXT")),
-    4: (("action_runs", "mode TEXT NOT NULL DEFAULT 'run'"), ("action_runs", "not_before REAL")),
-    5: (("events", "since REAL"),),
-    7: (("series_state", "detector TEXT"),),
-    8: (("action_runs", "admitted REAL"),),
-}
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS series_state (
-    rule TEXT NOT NULL, series TEXT NOT NULL, labels TEXT NOT NULL, state TEXT NOT NULL,
-    since REAL, breach_since REAL, last_breach REAL, consecutive INTEGER NOT NULL,
-    verdict TEXT, value REAL, threshold REAL, error TEXT, last_eval REAL,
-    ok_since REAL, last_data REAL, last_seen REAL, moved_by TEXT, detector TEXT,
-    PRIMARY KEY (rule, series)
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, rule TEXT NOT NULL,
-    series TEXT NOT NULL, labels TEXT NOT NULL, kind TEXT NOT NULL, previous TEXT NOT NULL,
-    value REAL, threshold REAL, severity TEXT NOT NULL, summary TEXT NOT NULL,
-    annotations TEXT NOT NULL, shadow INTEGER NOT NULL, dry_run INTEGER NOT NULL,
-    trigger TEXT NOT NULL DEFAULT 'schedule', since REAL
-);
-CREATE INDEX IF NOT EXISTS events_rule_at ON events (rule, at);
-CREATE INDEX IF NOT EXISTS events_kind_at ON events (kind, at);
-CREATE TABLE IF NOT EXISTS action_runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
-    action TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
-    detail TEXT NOT NULL DEFAULT '', created REAL NOT NULL, started REAL, finished REAL,
-    attempts INTEGER NOT NULL DEFAULT 0, mode TEXT NOT NULL DEFAULT 'run', not_before REAL,
-    admitted REAL
-);
-CREATE INDEX IF NOT EXISTS action_runs_status ON action_runs (status);
-CREATE INDEX IF NOT EXISTS action_runs_action_created ON action_runs (action, created);
-CREATE INDEX IF NOT EXISTS action_runs_event ON action_runs (event_id);
--- Silences: a rule's firings (those whose labels match) run no action until the silence ends.
-CREATE TABLE IF NOT EXISTS silences (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, rule TEXT NOT NULL, match TEXT NOT NULL,
-    starts REAL NOT NULL, ends REAL NOT NULL, reason TEXT NOT NULL, author TEXT NOT NULL,
-    created REAL NOT NULL, expired REAL
-);
--- What each action remembers between runs and restarts (a flag's holders, a Slack thread): JSON.
-CREATE TABLE IF NOT EXISTS action_memory (
-    action TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, updated REAL NOT NULL,
-    PRIMARY KEY (action, key)
-);
--- What an action did for an event after its run, told to history (a Slack notice delivered).
-CREATE TABLE IF NOT EXISTS action_notes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT NULL REFERENCES events (id),
-    action TEXT NOT NULL, at REAL NOT NULL, text TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS action_notes_event ON action_notes (event_id);
--- Alertmanager webhook deliveries (one row per accepted POST), and each alert state they brought,
--- once: (fingerprint, status, starts_at) is the deduplication key across retries and restarts.
-CREATE TABLE IF NOT EXISTS deliveries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, received REAL NOT NULL, group_key TEXT NOT NULL,
-    receiver TEXT NOT NULL, status TEXT NOT NULL, alerts INTEGER NOT NULL, new_alerts INTEGER NOT NULL,
-    truncated INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS alert_receipts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, delivery_id INTEGER NOT NULL REFERENCES deliveries (id),
-    fingerprint TEXT NOT NULL, status TEXT NOT NULL, starts_at TEXT NOT NULL, ends_at TEXT,
-    labels TEXT NOT NULL, annotations TEXT NOT NULL, received REAL NOT NULL, processed REAL,
-    UNIQUE (fingerprint, status, starts_at)
-);
-CREATE INDEX IF NOT EXISTS alert_receipts_unprocessed ON alert_receipts (processed) WHERE processed IS NULL;
--- History for reports (daemon/history.py): per-minute rollups per vLLM server and model.
-CREATE TABLE IF NOT EXISTS history_series (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, instance TEXT NOT NULL, model TEXT NOT NULL,
-    UNIQUE (instance, model)
-);
-CREATE TABLE IF NOT EXISTS history_layouts (id INTEGER PRIMARY KEY AUTOINCREMENT, keys TEXT NOT NULL UNIQUE);
-CREATE TABLE IF NOT EXISTS history (
-    series INTEGER NOT NULL, minute INTEGER NOT NULL, layout INTEGER NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (series, minute)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS history_minute ON history (minute);
--- The same, summed by hour (and how many minutes each holds): what a week's report reads.
-CREATE TABLE IF NOT EXISTS history_hours (
-    series INTEGER NOT NULL, hour INTEGER NOT NULL, layout INTEGER NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (series, hour)
-) WITHOUT ROWID;
--- The last scrape of each target, the reference its next increase is counted from.
-CREATE TABLE IF NOT EXISTS history_last (instance TEXT PRIMARY KEY, at REAL NOT NULL, snapshot TEXT NOT NULL);
--- Reports made on the schedule, one per scheduled time (never twice), and their files. Their
--- delivery to Slack is the slack action's outbox (action_memory).
-CREATE TABLE IF NOT EXISTS reports (
-    scheduled REAL PRIMARY KEY, made REAL NOT NULL, period_from REAL NOT NULL, period_to REAL NOT NULL,
-    paths TEXT NOT NULL
-);
-"""
-
-
-class RunStatus(StrEnum):
-    """Where an action run stands. ``deferred``: a guard said "not now" (a silence, a cooldown, the
-    budget), with the reason and the time it may go (``not_before``); it is looked at again on
-    every tick and runs once the reason is gone, unless what it answered is over by then."""
-
-    PENDING = "pending"  # admitted by the guards; carried out once due (``not_before``)
-    RUNNING = "running"  # under way (a run found so at start was cut short: carried out again)
-    OK = "ok"
-    FAILED = "failed"
-    SKIPPED = "skipped"  # never to run, with the reason
-    DEFERRED = "deferred"
-
-
-class RunMode(StrEnum):
-    RUN = "run"  # do what the action does (engage a flag, step k down, tell on-call)
-    RESTORE = "restore"  # undo what a world-changing action did
-    HOLD = "hold"  # a firing met the fallback already engaged: held, nothing written
-
-
-OPEN = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.DEFERRED)
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """What the dispatcher decided for one action of an event."""
-
-    action: str
-    status: str  # RunStatus: pending | skipped | deferred
-    reason: str = ""
-    mode: str = "run"  # RunMode: run | restore (undo what a world-changing action did)
-    # Not carried out before this time: a restore's quiet period, or when a deferral may end.
-    not_before: float | None = None
-
-
-# Given the transaction an event is written in and a run planned for it, the run as it is to be
-# written: the guards' last word, taken where no other commit can slip in between.
-Guard = Callable[[sqlite3.Connection, "Event", PlannedRun], PlannedRun]
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    """An event with what the dispatcher decided for it."""
-
-    event: Event
-    severity: str
-    summary: str
-    annotations: Mapping[str, str]
-    shadow: bool
-    dry_run: bool
-    runs: Sequence[PlannedRun]
-    trigger: str = "schedule"  # what evaluated the rule: the schedule, or an Alertmanager delivery
-
-
-@dataclass(frozen=True)
-class ActionRun:
-    id: int
-    event_id: int
-    action: str
-    status: str
-    attempts: int
-    mode: str
-    at: float
-    series: str
-    rule: str
-    kind: str
-    labels: dict[str, str]
-    value: float | None
-    threshold: float | None
-    severity: str
-    summary: str
-    annotations: dict[str, str]
-    since: float | None = None  # a firing's: when its breach began
 
 
 @contextlib.asynccontextmanager
@@ -252,11 +80,11 @@ class Store:
     def _with_db(self, fn: Callable[[sqlite3.Connection], T], synced: bool = True) -> T:
         try:
             if self._db is None:
-                self._db = _open(self.path)
+                self._db = open_database(self.path)
             if synced:
                 return fn(self._db)
             if self._unsynced is None:
-                self._unsynced = _connect(self.path, synchronous="NORMAL")
+                self._unsynced = connect(self.path, synchronous="NORMAL")
                 if self._refuse:
                     self._unsynced.execute("PRAGMA query_only = ON")
             return fn(self._unsynced)
@@ -315,7 +143,7 @@ class Store:
         self._executor.shutdown(wait=True)
 
     async def load_states(self) -> dict[str, dict[str, SeriesState]]:
-        return await self._call(_load_states)
+        return await self._call(commits.load_states)
 
     async def commit_evaluation(
         self,
@@ -326,7 +154,7 @@ class Store:
     ) -> list[int]:
         """Replace the rule's states and add its events and runs, atomically. Each pending run
         passes ``guard`` in the same transaction. Returns pending run ids."""
-        return await self._call(lambda db: _commit(db, rule, states, records, guard=guard))
+        return await self._call(lambda db: commits.commit(db, rule, states, records, guard=guard))
 
     async def commit_series(
         self,
@@ -338,17 +166,17 @@ class Store:
     ) -> list[int]:
         """Like commit_evaluation, for some of the rule's series: these states are written over
         their rows, the forgotten ones deleted, the others left as they are."""
-        return await self._call(lambda db: _commit(db, rule, states, records, forgotten, guard))
+        return await self._call(lambda db: commits.commit(db, rule, states, records, forgotten, guard))
 
     async def forget_rules(self, keep: set[str]) -> int:
         """Drop the states of rules that are no longer configured."""
-        return await self._call(lambda db: _forget(db, keep))
+        return await self._call(lambda db: commits.forget(db, keep))
 
     async def runs_to_do(self, ids: Sequence[int] | None = None, now: float | None = None) -> list[ActionRun]:
         """Runs still pending and due by ``now``, or started and never finished (the daemon
         stopped mid-run)."""
         at = self.clock() if now is None else now
-        return await self._call(lambda db: _runs_to_do(db, ids, at))
+        return await self._call(lambda db: queries.runs_to_do(db, ids, at))
 
     async def event_outcomes(self, event_id: int) -> list[RunOutcome]:
         """How the event's finished runs ended, in order."""
@@ -479,7 +307,7 @@ class Store:
     async def events(
         self, rule: str | None = None, limit: int = 100, since: float | None = None
     ) -> list[dict[str, Any]]:
-        return await self._call(lambda db: _events(db, rule, limit, since))
+        return await self._call(lambda db: queries.latest_events(db, rule, limit, since))
 
     async def history(
         self, rule: str | None = None, limit: int = 50, since: float | None = None
@@ -487,330 +315,18 @@ class Store:
         """The latest events (at or after ``since``), newest first, each with its action runs
         (``runs``: action, mode, status, reason, detail), what actions noted for it later (``notes``:
         action, at, text: a Slack notice delivered) and the trigger that moved the rule."""
-        return await self._call(lambda db: _history(db, rule, limit, since))
+        return await self._call(lambda db: queries.history(db, rule, limit, since))
 
     async def run_of(self, run_id: int) -> ActionRun | None:
         """One run with its event, as the dispatcher carries runs out."""
-        found = await self._call(lambda db: _runs_to_do(db, [run_id], math.inf, any_status=True))
+        found = await self._call(lambda db: queries.runs_to_do(db, [run_id], math.inf, any_status=True))
         return found[0] if found else None
 
     async def action_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         return await self._call(
-            lambda db: _rows(db, "SELECT * FROM action_runs ORDER BY id DESC LIMIT ?", (limit,))
+            lambda db: queries.rows(db, "SELECT * FROM action_runs ORDER BY id DESC LIMIT ?", (limit,))
         )
-
-
-def _connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT)
-    db.row_factory = sqlite3.Row
-    _switch_to_wal(db)
-    db.execute(f"PRAGMA synchronous={synchronous}")
-    db.execute("PRAGMA foreign_keys=ON")
-    # Checkpoint the WAL into the database every 8,000 pages (about 32 MB) rather than SQLite's
-    # 1,000: a stream of small commits rewrites the same few pages, and a rarer checkpoint copies
-    # each of them once instead of many times. The WAL file is kept at up to 64 MB, not cut back
-    # after a checkpoint: SQLite then writes it over from the start, and syncing blocks written
-    # over costs the file system about half of syncing a file that grows (no size to journal).
-    db.execute("PRAGMA wal_autocheckpoint=8000")
-    db.execute(f"PRAGMA journal_size_limit={64 * 2**20}")
-    return db
-
-
-def _switch_to_wal(db: sqlite3.Connection) -> None:
-    """``PRAGMA journal_mode=WAL``, waiting for a lock as any other statement would. Turning a new
-    database to WAL takes an exclusive lock, and SQLite answers SQLITE_BUSY at once there instead of
-    calling its busy handler: two processes opening a new file together (the daemon starting while
-    ``specguard ladder show`` reads it) failed one of them with "database is locked"."""
-    deadline = time.monotonic() + BUSY_TIMEOUT
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.01)
-
-
-def _open(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = _connect(path)
-    with transaction(db):
-        # statement by statement: executescript() would commit behind the transaction's back
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
-        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row["value"]) > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"{path} was written by a newer specguard (schema {row['value']}); refusing to downgrade it"
-            )
-        elif int(row["value"]) < SCHEMA_VERSION:
-            _upgrade(db, int(row["value"]))
-    return db
-
-
-def _upgrade(db: sqlite3.Connection, version: int) -> None:
-    """Bring a database written by an older specguard up to SCHEMA_VERSION (inside the transaction)."""
-    for since in range(version + 1, SCHEMA_VERSION + 1):
-        for table, column in _COLUMNS_SINCE.get(since, ()):
-            present = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
-            if column.split()[0] not in present:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-    db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-
-
-class transaction:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on any failure, the commit's own included: a failed
-    write (a full disk) must not leave a transaction open that every later write would trip on."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
-
-    def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            try:
-                self.db.execute("COMMIT")
-                return
-            except sqlite3.Error:
-                self._rollback()
-                raise
-        self._rollback()
-
-    def _rollback(self) -> None:
-        if self.db.in_transaction:  # SQLite may have rolled back by itself (SQLITE_FULL does)
-            with contextlib.suppress(sqlite3.Error):
-                self.db.execute("ROLLBACK")
 
 
 def _update(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> None:
     db.execute(sql, params)
-
-
-def _rows(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-    return [dict(row) for row in db.execute(sql, params)]
-
-
-def load_states_read_only(path: Path) -> dict[str, dict[str, SeriesState]]:
-    """Every rule's series states from the database at ``path``, opened read-only (``eval``
-    reads a running daemon's detectors this way, never writing). Raises sqlite3.Error."""
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-        db.row_factory = sqlite3.Row
-        return _load_states(db)
-
-
-def _load_states(db: sqlite3.Connection) -> dict[str, dict[str, SeriesState]]:
-    out: dict[str, dict[str, SeriesState]] = {}
-    for row in db.execute("SELECT * FROM series_state"):
-        out.setdefault(row["rule"], {})[row["series"]] = SeriesState(
-            labels=json.loads(row["labels"]),
-            state=State(row["state"]),
-            since=row["since"],
-            breach_since=row["breach_since"],
-            last_breach=row["last_breach"],
-            consecutive=row["consecutive"],
-            verdict=Verdict(row["verdict"]) if row["verdict"] else None,
-            value=row["value"],
-            threshold=row["threshold"],
-            error=row["error"],
-            last_eval=row["last_eval"],
-            ok_since=row["ok_since"],
-            last_data=row["last_data"],
-            last_seen=row["last_seen"],
-            moved_by=row["moved_by"],
-            # An older database read without its upgrade (eval, read-only) has no detector column.
-            detector=json.loads(row["detector"]) if "detector" in row.keys() and row["detector"] else None,  # noqa: SIM118 (a Row's `in` looks at values)
-        )
-    return out
-
-
-def _commit(
-    db: sqlite3.Connection,
-    rule: str,
-    states: Mapping[str, SeriesState],
-    records: Sequence[EventRecord],
-    forgotten: Sequence[str] | None = None,
-    guard: Guard | None = None,
-) -> list[int]:
-    """All of the rule's states (``forgotten`` None), or these states and these deletions."""
-    pending: list[int] = []
-    with transaction(db):
-        if forgotten is None:
-            db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
-        else:
-            db.executemany(
-                "DELETE FROM series_state WHERE rule=? AND series=?", [(rule, k) for k in forgotten]
-            )
-        db.executemany(
-            "INSERT OR REPLACE INTO series_state (rule, series, labels, state, since, breach_since, last_breach, "
-            "consecutive, verdict, value, threshold, error, last_eval, ok_since, last_data, last_seen, "
-            "moved_by, detector) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            [
-                (
-                    rule,
-                    key,
-                    json.dumps(dict(s.labels), sort_keys=True),
-                    s.state.value,
-                    s.since,
-                    s.breach_since,
-                    s.last_breach,
-                    s.consecutive,
-                    s.verdict.value if s.verdict else None,
-                    s.value,
-                    s.threshold,
-                    s.error,
-                    s.last_eval,
-                    s.ok_since,
-                    s.last_data,
-                    s.last_seen,
-                    s.moved_by,
-                    json.dumps(dict(s.detector), sort_keys=True) if s.detector is not None else None,
-                )
-                for key, s in states.items()
-            ],
-        )
-        for record in records:
-            e = record.event
-            cursor = db.execute(
-                "INSERT INTO events (at, rule, series, labels, kind, previous, value, threshold, severity, "
-                "summary, annotations, shadow, dry_run, trigger, since) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    e.at,
-                    e.rule,
-                    e.series,
-                    json.dumps(dict(e.labels), sort_keys=True),
-                    e.kind.value,
-                    e.previous.value,
-                    e.value,
-                    e.threshold,
-                    record.severity,
-                    record.summary,
-                    json.dumps(dict(record.annotations)),
-                    int(record.shadow),
-                    int(record.dry_run),
-                    record.trigger,
-                    e.since,
-                ),
-            )
-            event_id = cursor.lastrowid
-            for planned in record.runs:
-                if guard is not None and planned.status == "pending":
-                    planned = guard(db, e, planned)
-                run = db.execute(
-                    "INSERT INTO action_runs (event_id, action, status, reason, created, mode, not_before, "
-                    "admitted) VALUES (?,?,?,?,?,?,?,?)",
-                    (
-                        event_id,
-                        planned.action,
-                        planned.status,
-                        planned.reason,
-                        e.at,
-                        planned.mode,
-                        planned.not_before,
-                        e.at if planned.status == RunStatus.PENDING else None,
-                    ),
-                )
-                if planned.status == "pending" and run.lastrowid is not None:
-                    pending.append(run.lastrowid)
-    return pending
-
-
-def _forget(db: sqlite3.Connection, keep: set[str]) -> int:
-    rules = {row["rule"] for row in db.execute("SELECT DISTINCT rule FROM series_state")}
-    gone = rules - keep
-    with transaction(db):
-        for rule in gone:
-            db.execute("DELETE FROM series_state WHERE rule=?", (rule,))
-    return len(gone)
-
-
-def _runs_to_do(
-    db: sqlite3.Connection, ids: Sequence[int] | None, now: float, any_status: bool = False
-) -> list[ActionRun]:
-    sql = (
-        "SELECT r.id, r.event_id, r.action, r.status, r.attempts, r.mode, e.at, e.series, e.rule, e.kind, "
-        "e.labels, e.value, e.threshold, e.severity, e.summary, e.annotations, e.since FROM action_runs r "
-        "JOIN events e ON e.id = r.event_id WHERE "
-    )
-    params: tuple[Any, ...] = ()
-    if any_status:
-        sql += "1"
-    else:
-        sql += (
-            "(r.status = 'running' OR (r.status = 'pending' AND (r.not_before IS NULL OR r.not_before <= ?)))"
-        )
-        params = (now,)
-    if ids is not None:
-        if not ids:
-            return []
-        sql += f" AND r.id IN ({','.join('?' * len(ids))})"
-        params = (*params, *ids)
-    sql += " ORDER BY r.id"
-    return [
-        ActionRun(
-            id=row["id"],
-            event_id=row["event_id"],
-            action=row["action"],
-            status=row["status"],
-            attempts=row["attempts"],
-            mode=row["mode"],
-            at=row["at"],
-            series=row["series"],
-            rule=row["rule"],
-            kind=row["kind"],
-            labels=json.loads(row["labels"]),
-            value=row["value"],
-            threshold=row["threshold"],
-            severity=row["severity"],
-            summary=row["summary"],
-            annotations=json.loads(row["annotations"]),
-            since=row["since"],
-        )
-        for row in db.execute(sql, params)
-    ]
-
-
-def _events(
-    db: sqlite3.Connection, rule: str | None, limit: int, since: float | None = None
-) -> list[dict[str, Any]]:
-    where: list[str] = ["at >= ?"]
-    params: list[Any] = [-math.inf if since is None else since]
-    if rule is not None:
-        where.append("rule = ?")
-        params.append(rule)
-    sql = f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
-    return _rows(db, sql, (*params, limit))
-
-
-def _history(
-    db: sqlite3.Connection, rule: str | None, limit: int, since: float | None
-) -> list[dict[str, Any]]:
-    events = _events(db, rule, limit, since)
-    runs: dict[int, list[dict[str, Any]]] = {event["id"]: [] for event in events}
-    notes: dict[int, list[dict[str, Any]]] = {event["id"]: [] for event in events}
-    if runs:  # every run of these events in one query, not one per event
-        marks = ",".join("?" * len(runs))
-        for run in _rows(
-            db,
-            f"SELECT event_id, action, mode, status, reason, detail, attempts, not_before, finished FROM action_runs "
-            f"WHERE event_id IN ({marks}) ORDER BY id",
-            tuple(runs),
-        ):
-            runs[run.pop("event_id")].append(run)
-        for note in _rows(
-            db,
-            f"SELECT event_id, action, at, text FROM action_notes WHERE event_id IN ({marks}) ORDER BY id",
-            tuple(runs),
-        ):
-            notes[note.pop("event_id")].append(note)
-    for event in events:
-        event["labels"] = json.loads(event["labels"])
-        event["annotations"] = json.loads(event["annotations"])
-        event["runs"] = runs[event["id"]]
-        event["notes"] = notes[event["id"]]
-    return events

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specguard.rules import signals as catalog
-from specguard.store.database import transaction
+from specguard.store.connection import transaction
 from specguard.store.exposition import Labels, Snapshot
 
 log = logging.getLogger("specguard.history")

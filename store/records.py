@@ -3,7 +3,7 @@ and the dispatcher that make them and the store that saves them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -77,3 +77,72 @@ class RunOutcome:
     status: str  # ok | failed
     detail: str
     at: float  # when it ended
+
+
+class RunStatus(StrEnum):
+    """Where an action run stands. ``deferred``: a guard said "not now" (a silence, a cooldown, the
+    budget), with the reason and the time it may go (``not_before``); it is looked at again on
+    every tick and runs once the reason is gone, unless what it answered is over by then."""
+
+    PENDING = "pending"  # admitted by the guards; carried out once due (``not_before``)
+    RUNNING = "running"  # under way (a run found so at start was cut short: carried out again)
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # never to run, with the reason
+    DEFERRED = "deferred"
+
+
+class RunMode(StrEnum):
+    RUN = "run"  # do what the action does (engage a flag, step k down, tell on-call)
+    RESTORE = "restore"  # undo what a world-changing action did
+    HOLD = "hold"  # a firing met the fallback already engaged: held, nothing written
+
+
+OPEN = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.DEFERRED)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """What the dispatcher decided for one action of an event."""
+
+    action: str
+    status: str  # RunStatus: pending | skipped | deferred
+    reason: str = ""
+    mode: str = "run"  # RunMode: run | restore (undo what a world-changing action did)
+    # Not carried out before this time: a restore's quiet period, or when a deferral may end.
+    not_before: float | None = None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """An event with what the dispatcher decided for it."""
+
+    event: Event
+    severity: str
+    summary: str
+    annotations: Mapping[str, str]
+    shadow: bool
+    dry_run: bool
+    runs: Sequence[PlannedRun]
+    trigger: str = "schedule"  # what evaluated the rule: the schedule, or an Alertmanager delivery
+
+
+@dataclass(frozen=True)
+class ActionRun:
+    id: int
+    event_id: int
+    action: str
+    status: str
+    attempts: int
+    mode: str
+    at: float
+    series: str
+    rule: str
+    kind: str
+    labels: dict[str, str]
+    value: float | None
+    threshold: float | None
+    severity: str
+    summary: str
+    annotations: dict[str, str]
+    since: float | None = None  # a firing's: when its breach began

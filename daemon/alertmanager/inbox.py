@@ -20,7 +20,8 @@ from pydantic_core import to_json
 
 from specguard.daemon.alertmanager.book import Receipt
 from specguard.daemon.alertmanager.payload import Message
-from specguard.store.database import Store, transaction
+from specguard.store.connection import transaction
+from specguard.store.database import Store
 
 # Deliveries written in one transaction at most: a burst is split, so no write holds the store long.
 MAX_BATCH = 256

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from specguard.cli import main
-from specguard.store.database import EventRecord, PlannedRun, Store
-from specguard.store.records import Event, SeriesState, State
+from specguard.store.database import Store
+from specguard.store.records import Event, EventRecord, PlannedRun, SeriesState, State
 from tests.am_payloads import alert, message
 
 RULES = """\

@@ -288,11 +288,11 @@ async def test_a_state_dir_on_the_command_line_is_relative_to_where_the_command_
 
 
 def _open_store_when_told(path: str, start: Any, errors: Any) -> None:
-    from specguard.store.database import _open
+    from specguard.store.connection import open_database
 
     start.wait()
     try:
-        _open(Path(path)).close()
+        open_database(Path(path)).close()
     except sqlite3.Error as exc:
         errors.put(f"{exc.sqlite_errorname}: {exc}")
 

@@ -13,8 +13,9 @@ from specguard.config.loading import LoadedRule
 from specguard.dispatch import Dispatcher
 from specguard.metrics.registry import DaemonMetrics
 from specguard.rules.schema import Rule
-from specguard.store.database import SCHEMA_VERSION, Store
+from specguard.store.database import Store
 from specguard.store.records import Event, SeriesState, State
+from specguard.store.schema import SCHEMA_VERSION
 
 
 class Recording(Action):
