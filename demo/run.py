@@ -49,7 +49,7 @@ from specguard.sim.options import SimOptions, SpeculativeConfig
 from specguard.sim.server import Simulator, start_simulator
 from specguard.sim.slack_api import TOKEN, SlackApi, running
 from specguard.sim.traffic import Traffic
-from specguard.sources.scrape import instance_label
+from specguard.sources.targets import instance_label
 from specguard.store.baseline import Baseline
 from specguard.store.database import ActionRun, EventRecord
 from specguard.store.history import MINUTE
