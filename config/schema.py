@@ -24,7 +24,8 @@ from specguard.common.schedule import cron
 from specguard.common.secrets import SecretRef
 from specguard.common.sizes import parse_size
 from specguard.rules.durations import Duration, Interval
-from specguard.sources.scrape import DEFAULT_MAX_PAGE_BYTES, duplicate_instances, instance_label
+from specguard.sources.scrape import DEFAULT_MAX_PAGE_BYTES
+from specguard.sources.targets import duplicate_instances, instance_label
 
 DEFAULT_SCRAPE_TARGET = "http://127.0.0.1:8000/metrics"
 DEFAULT_RULES = ("builtin:speculative",)

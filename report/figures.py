@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from specguard.sources.scrape import bucket_quantile
+from specguard.sources.quantiles import bucket_quantile
 from specguard.store.history import DRAFTS_BY_K, MINUTE, Components, Span, merge
 
 QUANTILES: dict[str, tuple[str, float]] = {

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from specguard.rules.signals import CATALOG, E2E_LATENCY_COUNT
 from specguard.sources.base import Series
-from specguard.sources.scrape import signal_over
+from specguard.sources.windows import signal_over
 from specguard.store.exposition import Snapshot, parse_exposition
 
 # The signals a baseline holds, computed from the server's histograms as the rules compute them.

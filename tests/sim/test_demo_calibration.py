@@ -13,7 +13,7 @@ from typing import Any
 
 from specguard.config.loading import load
 from specguard.demo.calibration import wait_calibrated
-from specguard.demo.run import DETECTOR_RULE, _prepare, _write_config
+from specguard.demo.scenario import DETECTOR_RULE, prepare, write_config
 from specguard.engine.detection import judge
 from specguard.sources.base import Series, SourceResult
 from specguard.store.records import SeriesState
@@ -23,9 +23,9 @@ LABELS = {"instance": INSTANCE, "model_name": "tiny-llama"}
 
 
 def _daemon(tmp_path: Path) -> Any:
-    _prepare(tmp_path)
+    prepare(tmp_path)
     slack: Any = SimpleNamespace(url="http://127.0.0.1:9/api/")  # its address is all the config takes
-    config = _write_config(tmp_path, f"http://{INSTANCE}", slack, 8.0, False)
+    config = write_config(tmp_path, f"http://{INSTANCE}", slack, 8.0, False)
     loaded = load(config)
     assert loaded.ok, loaded.errors
     return SimpleNamespace(loaded=loaded, states={DETECTOR_RULE: {}})

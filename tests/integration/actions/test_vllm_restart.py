@@ -20,7 +20,8 @@ import pytest
 from pydantic import ValidationError
 
 from specguard.actions.base import ActionContext, ActionMemory
-from specguard.actions.vllm_restart import STATE_KEY, VllmRestartParams, speculative
+from specguard.actions.vllm_restart import VllmRestartParams, speculative
+from specguard.actions.vllm_restart.change import STATE_KEY
 from specguard.actions.vllm_restart.server import Server
 from specguard.sim.traffic import Traffic
 from specguard.store.database import Store

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from specguard.demo.report import Terminal, report_section
-from specguard.demo.run import CHANNEL
+from specguard.demo.scenario import CHANNEL
 from specguard.report import charts
 from specguard.report.weekly import charts_missing
 

@@ -15,7 +15,7 @@ from specguard.playbook.bench.progress import ProgressLine, duration_text
 from specguard.playbook.bench.prompts import Prompt
 from specguard.playbook.bench.stats import client_figures
 from specguard.rules.signals import get_signal
-from specguard.sources.scrape import signal_over
+from specguard.sources.windows import signal_over
 from tests.pages import E2E, GENERATED, MODEL, SELF_DRAFT, add, observe
 
 CHAT = [Prompt("chat", f"chat {i}") for i in range(4)]

@@ -16,8 +16,8 @@ from prometheus_client import generate_latest
 
 from specguard.actions.base import Action, Holding
 from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from specguard.actions.vllm_restart import STATE_KEY as LADDER_KEY
 from specguard.actions.vllm_restart import VllmRestartAction, VllmRestartParams
+from specguard.actions.vllm_restart.change import STATE_KEY as LADDER_KEY
 from specguard.config.loading import LoadedRule, load
 from specguard.daemon.runtime import Daemon
 from specguard.dispatch import Dispatcher

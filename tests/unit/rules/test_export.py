@@ -21,7 +21,9 @@ from specguard.cli import main
 from specguard.config.loading import Loaded, load
 from specguard.daemon.evaluation import thresholds
 from specguard.export.alertmanager import export_receiver, webhook_url
-from specguard.export.prometheus_rules import RulesExport, entry_scopes, export_rules, go_template
+from specguard.export.go_templates import go_template
+from specguard.export.prometheus_rules import RulesExport, export_rules
+from specguard.export.scopes import entry_scopes
 from specguard.rules.matchers import Matcher, all_match
 from specguard.store.baseline import Entry
 
