@@ -44,7 +44,9 @@ def _setup_parts() -> set[str]:
 
 
 def test_the_links_in_the_tree_the_parts_setup_maps_and_the_top_level_packages_agree() -> None:
-    folders = {p.parent.name for p in REPO.glob("*/__init__.py") if p.parent.name not in {"specguard", "tests"}}
+    folders = {
+        p.parent.name for p in REPO.glob("*/__init__.py") if p.parent.name not in {"specguard", "tests"}
+    }
     assert PACKAGES == _setup_parts() == folders
     for part in PACKAGES:  # each link names the folder of its own name, relatively (a clone moves)
         assert (REPO / "specguard" / part).readlink() == Path("..") / part
@@ -54,7 +56,9 @@ def test_the_wheel_installs_one_top_level_name_specguard(installed: Installed) -
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = wheel.namelist()
     assert {name.split("/")[0] for name in names if not name.startswith("specguard-")} == {"specguard"}
-    assert {name.split("/")[1] for name in names if name.count("/") >= 2 and name.startswith("specguard/")} == PACKAGES
+    assert {
+        name.split("/")[1] for name in names if name.count("/") >= 2 and name.startswith("specguard/")
+    } == PACKAGES
     # Installed: what pip put in site-packages for specguard is the package and its dist-info.
     (site,) = installed.venv.glob("lib/python*/site-packages")
     (record,) = site.glob("specguard-*.dist-info/RECORD")
