@@ -4,10 +4,12 @@ dispatcher, guards, actions and store on a fake clock, and compared with its exp
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import examples_replay as replay
 
@@ -39,3 +41,16 @@ async def test_a_wrong_expectation_is_reported_as_a_mismatch_with_a_diff(
     assert "+  message: 'acceptance_rate 0.5 >= 0.5 on" in said
     (example / "expected.yaml").write_text(right)
     replay.check(example, actual)  # and the right one passes
+
+
+def test_every_example_is_complete_and_numbered_in_order() -> None:
+    examples = replay.examples()
+    assert len(examples) >= 22
+    for number, example in enumerate(examples, 1):
+        assert re.fullmatch(rf"{number:02d}_[a-z0-9_]+", example.name), example.name
+        readme = (example / "README.md").read_text().strip().splitlines()
+        assert 2 <= len(readme) <= 6, f"{example.name}/README.md: {len(readme)} lines"
+        assert (example / "expected.yaml").is_file(), example.name
+        config = example / "config.yaml"
+        named = yaml.safe_load(config.read_text()).get("rules", []) if config.exists() else ["rules.yaml"]
+        assert (example / "rules.yaml").is_file() or named == ["builtin:speculative"], example.name
