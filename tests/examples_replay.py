@@ -7,9 +7,10 @@ directory, loaded as ``specguard run`` loads a config, and played by a real ``Da
 evaluation rounds (``Daemon.evaluate_round``, per interval, on the daemon's schedule from 0s), its
 webhook intake (``Daemon.deliver``, then the step its alert queue runs), the silences' own store
 functions, and its dispatcher stepped after each of them as its serve loop steps it
-(``Dispatcher.step``), with the real guards, actions and SQLite store. Only the source is a stand-in: it answers each signal with
-the latest readings the timeline gave, selected by the rule's ``match`` and grouped by its
-``group_by`` as the real sources do. Every ``time.time()`` of the daemon reads the fake clock.
+(``Dispatcher.step``), with the real guards, actions and SQLite store. Only the source is a
+stand-in: it answers each signal with the latest readings the timeline gave, selected by the
+rule's ``match`` and grouped by its ``group_by`` as the real sources do. Every ``time.time()`` of
+the daemon reads the fake clock.
 
 ``timeline.yaml``::
 
