@@ -64,11 +64,14 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon import detection, engine, loading, runtime
-from daemon.alertmanager import payload
-from daemon.dispatch import silences
-from daemon.sources import base as sources
-from rules import durations, matchers, signals
+from specguard.config import loading
+from specguard.daemon import runtime
+from specguard.daemon.alertmanager import payload
+from specguard.dispatch import silences
+from specguard.engine import detection
+from specguard.rules import durations, matchers, signals
+from specguard.sources import base as sources
+from specguard.store import records
 from tests import am_payloads
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -284,7 +287,7 @@ async def outcome(daemon: runtime.Daemon, start: float, seen: Mapping[str, list[
             "severity": e["severity"],
             "message": e["summary"],
         }
-        if e["trigger"] != engine.SCHEDULE:
+        if e["trigger"] != records.SCHEDULE:
             event["trigger"] = e["trigger"]
         if e["annotations"]:
             event["annotations"] = e["annotations"]
@@ -318,7 +321,7 @@ async def standing(daemon: runtime.Daemon, start: float) -> dict[str, Any]:
     return {"states": out, **({"waiting": waiting} if waiting else {})}
 
 
-def series_of(s: engine.SeriesState, item: loading.LoadedRule, interval: float) -> dict[str, Any]:
+def series_of(s: records.SeriesState, item: loading.LoadedRule, interval: float) -> dict[str, Any]:
     out: dict[str, Any] = {"series": dict(s.labels), "state": s.state.value}
     out["verdict"] = s.verdict.value if s.verdict else None
     if s.error:
