@@ -27,7 +27,7 @@ from specguard.rules.signals import get_signal
 from specguard.sim.server import Simulator
 from specguard.sim.slack_api import SlackApi
 from specguard.sim.traffic import Traffic
-from specguard.store.database import ActionRun, EventRecord
+from specguard.store.records import ActionRun, EventRecord
 
 NAME_WIDTH = 24  # the longest shipped rule name, speculation_unprofitable
 

@@ -55,7 +55,6 @@ from specguard.sim.traffic import Traffic
 from specguard.sources.targets import instance_label
 from specguard.store.baseline import Baseline
 from specguard.store.history import MINUTE
-from specguard.store.records import ActionRun, EventRecord
 
 
 async def run_demo(directory: Path, out: TextIO, color: bool, timeline: Timeline | None = None) -> int:
