@@ -9,7 +9,7 @@ History: 8 simulated vLLM servers (``tests/week.py``: one engine each, k 3 to 5,
 buckets, a daily cycle of load and acceptance) scraped once a minute for 14 days: the report's week
 and the week before, which the report reads for week-over-week change. Each scrape goes the
 daemon's way (exposition text, ``parse_exposition``, ``history.record``) into a real SQLite file
-through ``daemon.store.Store``, an hour of scrapes per ``record`` call. The 7-day database (the
+through ``store.database.Store``, an hour of scrapes per ``record`` call. The 7-day database (the
 target's) is the file copied after the first 7 days; the report is built from the 14-day one. A
 noisy fleet's incidents are in it too: each server fires a rule every hour (fired, resolved 20
 minutes later, three action runs), 2,688 firings over the two weeks.

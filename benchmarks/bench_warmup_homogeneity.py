@@ -1,4 +1,4 @@
-"""The collapse detector's warm-up check (``common.homogeneity`` through ``daemon.warmup``): how often
+"""The collapse detector's warm-up check (``common.homogeneity`` through ``engine.warmup``): how often
 it holds back a healthy warm-up (false rejections), how late that makes calibration, and which shifts
 inside a warm-up it finds.
 

@@ -1,5 +1,5 @@
 """The fallback controller's loop: for each feature flag, on every tick, look (the drains that hold
-it, the flag read back from the world), plan in one transaction (``daemon.dispatch.fallback``),
+it, the flag read back from the world), plan in one transaction (``dispatch.fallback``),
 then carry out the one change that is due, within the action's timeout. A change that fails is
 put back with its next try (the action's backoff); a crash anywhere leaves a state the next look
 completes: a write under way is ``unknown`` until confirmed, and written again rather than assumed.

@@ -4,17 +4,17 @@ Only ``firing`` and ``resolved`` events reach actions. A firing runs each of the
 resolution runs the actions that only tell (``log``, ``slack``) and *restores* the ones that change
 the world and undo on their own (a ladder with ``step_up_after``), once the rule has stayed
 resolved that long. Every decision not to run now is recorded with its reason (the guards,
-``daemon.dispatch.guards``): skipped for good, or deferred until a silence, a cooldown or the
+``dispatch.guards``): skipped for good, or deferred until a silence, a cooldown or the
 budget lets it go, looked at again on every tick. Runs are written to the store as ``pending``
 (or ``deferred``) in the same transaction as the state change, then carried out when due, beside
 the round that recorded them (in order, one run of an action at a time); a run interrupted by a
 crash is carried out after the restart (actions are idempotent).
 
-A feature flag is not run per event: its controller (``daemon.dispatch.controller``) derives what
+A feature flag is not run per event: its controller (``dispatch.controller``) derives what
 it should be from the rules' states on every tick and makes it so, recording its runs itself.
 
-Each action's own work (``tick``: an outbox) is carried out beside the rest (``daemon.dispatch.ticks``),
-and what each holds in the world is shown on ``/metrics`` (``daemon.dispatch.holdings``).
+Each action's own work (``tick``: an outbox) is carried out beside the rest (``dispatch.ticks``),
+and what each holds in the world is shown on ``/metrics`` (``dispatch.holdings``).
 """
 
 from __future__ import annotations

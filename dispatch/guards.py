@@ -30,7 +30,7 @@ In order:
    added), and carried out as soon as none holds it back. A silenced page is sent once the
    silence ends if the incident still fires, as Alertmanager does.
 
-The feature flag's runs are not planned here: its controller (``daemon.dispatch.fallback``)
+The feature flag's runs are not planned here: its controller (``dispatch.fallback``)
 derives them from the rules' states on every tick, and uses the same silence, cooldown and
 budget checks.
 """

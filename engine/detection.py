@@ -6,7 +6,7 @@ and its trials N = S + F. Per series:
 - a window with fewer than ``min_trials`` trials is *no data*: G neither grows nor resets;
 - during the warm-up (``warmup`` of windows with data) the windows estimate φ (Pearson's χ²/df)
   and, with ``in_control: learn``, α0; the series is *warming up*. They are taken as in control
-  only once they pass a homogeneity check (``daemon.warmup``): a warm-up that holds a shift slides
+  only once they pass a homogeneity check (``engine.warmup``): a warm-up that holds a shift slides
   on instead of calibrating. With ``in_control: learn``, a baseline file's ``token_acceptance`` for
   the series is preferred to the learned α0;
 - after it, Z = [S ln(α1/α0) + F ln((1−α1)/(1−α0))] / φ and G = max(0, G + Z), held at 2h; with

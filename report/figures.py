@@ -1,6 +1,6 @@
 """A window's figures from history minutes: the same arithmetic the catalog's signals do, over sums.
 
-Every figure of a window is computed from the sum of its minutes (``daemon.history``): acceptance
+Every figure of a window is computed from the sum of its minutes (``store.history``): acceptance
 rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafts, position i's rate =
 its accepted tokens / the drafts made with a position i (a week with a ladder step holds drafts of
 two k), a latency quantile by Prometheus's bucket interpolation over the window's bucket increases,

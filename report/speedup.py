@@ -5,7 +5,7 @@ probability alpha once the tokens before it were. vLLM measures something else: 
 whose tokens 0..i were *all* accepted (unconditional, non-increasing). Under Leviathan's model
 p_i = alpha^(i+1), but real drafts are usually better at position 0 than later, so the functions on
 ``per_position`` use the measured p_i themselves and assume a geometric shape only where nothing was
-measured. c is the time of one draft step over one target step (see daemon/baseline.py).
+measured. c is the time of one draft step over one target step (see store/baseline.py).
 """
 
 from __future__ import annotations

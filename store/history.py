@@ -7,7 +7,7 @@ summed over the labels a report does not need (engine, finish reason) and kept a
 so a window's average is the average of every sample in it. A report over any window is then the
 sum of its minutes: exact for counters and histograms, whatever the window.
 
-The tables are in the store (``daemon/store.py``). One row per (server and model, minute). Its values are a JSON list in the order of a *layout*, the
+The tables are in the store (``store/database.py``). One row per (server and model, minute). Its values are a JSON list in the order of a *layout*, the
 list of component names, stored once and shared by every row with the same components, and the
 list is compressed: a minute of a server costs about 150 bytes.
 

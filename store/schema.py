@@ -78,7 +78,7 @@ CREATE TABLE IF NOT EXISTS alert_receipts (
     UNIQUE (fingerprint, status, starts_at)
 );
 CREATE INDEX IF NOT EXISTS alert_receipts_unprocessed ON alert_receipts (processed) WHERE processed IS NULL;
--- History for reports (daemon/history.py): per-minute rollups per vLLM server and model.
+-- History for reports (store/history.py): per-minute rollups per vLLM server and model.
 CREATE TABLE IF NOT EXISTS history_series (
     id INTEGER PRIMARY KEY AUTOINCREMENT, instance TEXT NOT NULL, model TEXT NOT NULL,
     UNIQUE (instance, model)

@@ -2,7 +2,7 @@
 the serving stack reads, and set it back once the rules that wanted it have stayed quiet.
 
 What the flag should be is not decided here. The fallback controller
-(``daemon.dispatch.fallback``) derives it from the rules' states on every tick: engaged while an
+(``dispatch.fallback``) derives it from the rules' states on every tick: engaged while an
 eligible, unsilenced series fires (its rule configured, enabled, naming this action), while the
 flag is engaged and any eligible series fires, and for ``quiet_period`` after the last one stops;
 then restored, once the canary (if there is one) sees acceptance back. It calls ``engage`` and

@@ -1,6 +1,6 @@
 """The baseline file the latency rules read, written from a benchmark run: the entry for the
 benchmarked model replaced (the file's other entries kept), in version 2 of the format
-(``daemon/baseline.py``). Its ``signals`` are vLLM's histograms read as the rules read them; what
+(``store/baseline.py``). Its ``signals`` are vLLM's histograms read as the rules read them; what
 the benchmark's client timed is kept beside them, for people, never compared with a rule's value."""
 
 from __future__ import annotations
