@@ -12,5 +12,6 @@ speculative decoding, for trying specguard rules without a GPU.
 - ``sim.protocol``: OpenAI request/response bodies and errors as vLLM shapes them
 - ``sim.server``: the HTTP server, ``start_simulator`` and ``Simulator``
 - ``sim.scenario``: timeline files (acceptance changes, KV-usage ramps, death)
+- ``sim.scenario_player``: a timeline played on the running engines
 - ``sim.cli``: ``specguard simulate`` / ``python -m specguard.sim``
 """

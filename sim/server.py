@@ -50,7 +50,7 @@ from specguard.sim.protocol import (
 )
 from specguard.sim.records import GroundTruthLog, RequestRecord
 from specguard.sim.router import Router
-from specguard.sim.scenario import run_scenario
+from specguard.sim.scenario_player import run_scenario
 from specguard.sim.tokenize import tokenize
 from specguard.sim.tokens import Logprobs, TokenLogprob
 
