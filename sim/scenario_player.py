@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from specguard.sim.engine import Engine
+from specguard.sim.engine.engine import Engine
 from specguard.sim.scenario import KvRamp, Scenario, TimelineEvent
 
 log = logging.getLogger(__name__)
