@@ -35,14 +35,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,193 +46,22 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specguard.config.loading import LoadedRule
-from specguard.config.loading import load as load_config
-from specguard.daemon.evaluation import evaluate_rule
-from specguard.rules.signals import Signal
-from specguard.sim.model import beta_parameters
-from specguard.sources.base import Series, SourceResult
-from specguard.store.records import SeriesState, State
+from benchmarks.collapse_report import dispersion_report, report
+from benchmarks.collapse_rules import (
+    SHIPPED,
+    Judge,
+    Variant,
+    detector_answer,
+    playbook_answer,
+    rules,
+    warmup_windows,
+    window_of,
+)
+from benchmarks.collapse_traffic import IN_CONTROL, LOADS, WINDOW, Traffic
 
-WINDOW = 5.0  # the shipped detector's interval, a window per evaluation
 PLAYBOOK_WINDOW = 60.0  # the playbook rule's window and interval
-STEPS_PER_SECOND = 10.0  # drafts a request makes a second (Poisson)
-MEAN_LIFE = 30.0  # seconds a request lasts, on average
-HEAVY_SIGMA = 1.5  # the lognormal's sd of log: median 10 s, 1 in 100 over 5 minutes, same mean
-SPREAD = 0.1  # sd of a request's own acceptance
-LOADS = {"32 requests": 32, "16 requests": 16, "4 requests": 4}  # in flight
-IN_CONTROL = 0.75
 DAY = 86400.0
-LABELS = {"instance": "vllm-a:8000", "model_name": "m"}
 CAUGHT_WITHIN = 600.0
-
-
-def request_factors(rng: np.random.Generator, shape: int | tuple[int, ...]) -> np.ndarray:
-    """Each request's acceptance over the configured level, ``sim.model.request_factor``'s law: its
-    own level drawn from a Beta of mean IN_CONTROL and spread SPREAD, over IN_CONTROL."""
-    a, b = beta_parameters(IN_CONTROL, SPREAD)
-    return rng.beta(a, b, shape) / IN_CONTROL
-
-
-def accepted_tokens(rng: np.random.Generator, alpha: np.ndarray, k: int) -> np.ndarray:
-    """Accepted tokens of one chain draft of k tokens per entry of ``alpha``:
-    ``sim.model.sample_accepted``'s law for the conditional acceptances ``[alpha] * k`` (positions
-    tried in order until the first rejection), a geometric number of successes capped at k. The
-    simulator caps level x factor at 1, as this does."""
-    p_reject = 1.0 - np.minimum(alpha, 1.0 - 1e-12)
-    return np.minimum(rng.geometric(p_reject) - 1, k)
-
-
-class Answer:
-    """A source whose answer the benchmark sets before each evaluation."""
-
-    kind = "scrape"
-
-    def __init__(self) -> None:
-        self.result = SourceResult()
-
-    async def refresh(self) -> None:
-        return None
-
-    async def query_signal(self, signal: Signal, *_: Any, **__: Any) -> SourceResult:
-        return self.result
-
-    async def query_expr(self, expr: str) -> SourceResult:
-        raise AssertionError(expr)
-
-    async def close(self) -> None:
-        return None
-
-
-@dataclass
-class Judge:
-    """One rule, evaluated on its own schedule, its states carried along."""
-
-    item: LoadedRule
-    source: Answer = field(default_factory=Answer)
-    states: dict[str, SeriesState] = field(default_factory=dict)
-    fired: list[float] = field(default_factory=list)
-
-    async def evaluate(self, result: SourceResult, now: float) -> None:
-        self.source.result = result
-        interval = self.item.rule.interval or WINDOW
-        outcome, _ = await evaluate_rule(self.item, self.source, None, self.states, now, interval)  # type: ignore[arg-type]
-        self.states = outcome.states
-        self.fired += [e.at for e in outcome.events if e.kind is State.FIRING]
-
-
-class Traffic:
-    """Windows of vLLM's counters from the simulator's model, a chunk at a time."""
-
-    def __init__(
-        self, rng: np.random.Generator, k: int, slots: int, window: float = WINDOW, heavy: bool = False
-    ) -> None:
-        self.rng, self.k, self.slots, self.heavy = rng, k, slots, heavy
-        self.life = MEAN_LIFE / window  # in windows
-        self.drafts = STEPS_PER_SECOND * window
-        self.factors = request_factors(rng, slots)
-        self.remaining = self._lives(slots)
-
-    def _lives(self, n: int) -> np.ndarray:
-        """Windows each of ``n`` new requests lasts (heavy: lognormal of mean ``life``, at least 1)."""
-        if not self.heavy:
-            return np.zeros(n)  # unused: a geometric life is a coin tossed every window
-        mu = math.log(self.life) - HEAVY_SIGMA**2 / 2
-        return np.maximum(1.0, np.round(self.rng.lognormal(mu, HEAVY_SIGMA, n)))
-
-    def starts(self, n: int) -> np.ndarray:
-        """(n, slots): whether a new request takes the slot at each of the next n windows."""
-        if not self.heavy:
-            return self.rng.random((n, self.slots)) < 1.0 / self.life
-        starts = np.zeros((n, self.slots), dtype=bool)
-        for w in range(n):
-            self.remaining -= 1
-            ended = self.remaining <= 0
-            if ended.any():
-                starts[w] = ended
-                self.remaining[ended] = self._lives(int(ended.sum()))
-        return starts
-
-    def windows(
-        self, levels: np.ndarray, cut: np.ndarray | None = None, after: np.ndarray | None = None
-    ) -> dict[str, np.ndarray]:
-        """Counts of ``len(levels)`` windows, window w at acceptance level ``levels[w]`` (times each
-        request's factor); ``cut[w]``: the share of window w's drafts made before the level
-        became ``after[w]`` (a drop in the middle of a window, the same requests on both sides)."""
-        n = len(levels)
-        rng, slots = self.rng, self.slots
-        new = self.starts(n)
-        draws = request_factors(rng, (n, slots))
-        index = np.where(new, np.arange(n)[:, None], -1)
-        index = np.maximum.accumulate(index, axis=0)
-        factors = np.where(index >= 0, draws[np.clip(index, 0, None), np.arange(slots)], self.factors)
-        self.factors = factors[-1]
-        parts = [(levels, np.ones(n) if cut is None else cut)]
-        if cut is not None and after is not None:
-            parts.append((after, 1.0 - cut))
-        window_of_cell = np.repeat(np.arange(n), slots)
-        accepted_sum, drafts_sum, whole_sum = np.zeros(n), np.zeros(n), np.zeros(n)
-        for level, share in parts:
-            drafts = rng.poisson(self.drafts * np.broadcast_to(share[:, None], (n, slots)))
-            alpha = level[:, None] * factors
-            accepted = accepted_tokens(rng, np.repeat(alpha.ravel(), drafts.ravel()), self.k)
-            cells = np.repeat(window_of_cell, drafts.ravel())
-            accepted_sum += np.bincount(cells, weights=accepted, minlength=n)
-            whole_sum += np.bincount(cells, weights=(accepted == self.k), minlength=n)
-            drafts_sum += drafts.sum(axis=1)
-        return {
-            "accepted": accepted_sum,
-            "drafts": drafts_sum,
-            "failures": drafts_sum - whole_sum,
-            "draft_tokens": drafts_sum * self.k,
-        }
-
-
-def detector_answer(accepted: float, failures: float) -> SourceResult:
-    trials = accepted + failures
-    if trials <= 0:
-        return SourceResult()
-    return SourceResult(series=(Series(dict(LABELS), accepted / trials, trials),))
-
-
-def playbook_answer(accepted: float, draft_tokens: float) -> SourceResult:
-    return SourceResult.of([(LABELS, accepted / draft_tokens)]) if draft_tokens > 0 else SourceResult()
-
-
-@dataclass(frozen=True)
-class Variant:
-    """The shipped detector rule, or one of its settings changed."""
-
-    name: str = "shipped"
-    interval: float | None = None
-    drop: tuple[float, ...] | None = None
-    phi: float | None = None  # a fixed dispersion instead of the warm-up's
-    single_window: bool | None = None  # the window test on or off
-
-
-SHIPPED = Variant()
-
-
-def rules(variant: Variant = SHIPPED) -> tuple[LoadedRule, LoadedRule]:
-    loaded = load_config(None)
-    by_name = {item.name: item for item in loaded.enabled_rules()}
-    detector, playbook = by_name["acceptance_collapse"], by_name["acceptance_fallback"]
-    rule, detect = detector.rule, detector.rule.detect
-    assert detect is not None
-    if variant.drop is not None:
-        detect = detect.model_copy(update={"drop": list(variant.drop)})
-    if variant.phi is not None:
-        detect = detect.model_copy(update={"phi": variant.phi})
-    if variant.single_window is not None:
-        detect = detect.model_copy(update={"single_window": variant.single_window})
-    if variant != SHIPPED:
-        changed = rule.model_copy(update={"interval": variant.interval or rule.interval, "detect": detect})
-        detector = replace(detector, rule=changed)
-    return detector, playbook
-
-
-def window_of(item: LoadedRule) -> float:
-    return item.rule.interval or WINDOW
 
 
 async def play(
@@ -275,12 +100,6 @@ async def play(
                 return
             if stop_after is not None and now - stop_after > CAUGHT_WITHIN:
                 return
-
-
-def warmup_windows(item: LoadedRule) -> int:
-    detect = item.rule.detect
-    assert detect is not None
-    return math.ceil(detect.warmup / window_of(item))
 
 
 async def false_alarms(
@@ -411,25 +230,6 @@ def dispersion_by_scale(k: int, load: str, heavy: bool, days: int, seed: int) ->
     }  # fmt: skip
 
 
-def dispersion_report(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| load | request lengths | k | days | 2 min | 5 min | 10 min | warm-ups | learned phi, median [10-90 %] |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        low, mid, high = r["learned"]
-        by = r["by_minutes"]
-        lines.append(
-            f"| {r['load']} | {'lognormal' if r['heavy'] else 'geometric'} | {r['k']} | {r['days']} "
-            f"| {by[2]:.0f} | {by[5]:.0f} | {by[10]:.0f} | {r['warmups']} | {mid:.0f} [{low:.0f}-{high:.0f}] |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} s"
-
-
 VARIANTS = (
     SHIPPED,
     Variant("the CUSUM alone (single_window: false)", single_window=False),
@@ -437,131 +237,6 @@ VARIANTS = (
     Variant("interval 10 s", interval=10.0),
     Variant("drop [0.12, 0.35]", drop=(0.12, 0.35)),
 )
-
-
-def report(
-    fa: list[dict[str, Any]], dr: list[dict[str, Any]], sweep: list[dict[str, Any]], took: float
-) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    )
-    # What the figures depend on: this file, the evaluation path it drives, the model it draws from.
-    measured_path = [
-        "benchmarks/bench_collapse_detector.py", "daemon/evaluation.py", "daemon/detection.py",
-        "daemon/engine.py", "daemon/loading.py", "common/sequential.py", "rules", "sim/model.py",
-    ]  # fmt: skip
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *measured_path],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    detector_rule, _ = rules()
-    detect = detector_rule.rule.detect
-    assert detect is not None
-    measured = (commit.stdout.strip() or "?") + (" with uncommitted changes" if dirty.stdout.strip() else "")
-    lines = [
-        "# The collapse detector against the playbook's rule (accelerated time)",
-        "",
-        f"{datetime.now(UTC):%a %b %d %H:%M:%S UTC %Y}, commit {measured}. "
-        f"Python {platform.python_version()}, {platform.machine()}; {took:.0f} s in all.",
-        "",
-        "Traffic: 32, 16 or 4 requests in flight, each lasting 30 s on average, drafting 10 times a",
-        "second (Poisson); how long a request lasts is geometric (memoryless), or in the heavy-tailed",
-        f"scenario lognormal with the same mean (sd of log {HEAVY_SIGMA}: median 10 s, 1 in 100 over 5",
-        "minutes). A request's acceptance is the level times its own factor, a Beta of spread 0.1 around",
-        "0.75 (`sim.model.request_factor`'s law, `--acceptance-spread 0.1`); chain drafts of k tokens",
-        "(`sim.model.sample_accepted`'s law). Both rules are the shipped pack's, evaluated by",
-        "`daemon.evaluation` on a simulated clock:",
-        f"`acceptance_collapse` ({detect.describe()}{', and each window by itself' if detect.single_window else ''}; every 5 s, warm-up {detect.warmup / 60:.0f} min,",
-        f"at most one false alarm per {detect.false_alarm_every / 86400:.0f} days by Lorden's bound) and",
-        "`acceptance_fallback` (acceptance_rate < 0.4 in three 60 s evaluations in a row).",
-        "",
-    ]
-    lines += [
-        "## False alarms, stationary traffic at 0.75",
-        "",
-        "phi: the detector's, learned over its warm-up (window phi times the autocorrelation's",
-        "factor); window phi: the windows' own. Lowest window: the lowest alpha-hat of a 5 s window",
-        "after the warm-up.",
-        "",
-        "| load | request lengths | k | days | acceptance_collapse | acceptance_fallback | phi | window phi | alpha0 learned | lowest window |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in fa:
-        lengths = "lognormal" if row["heavy"] else "geometric"
-        lines.append(
-            f"| {row['load']} | {lengths} | {row['k']} | {row['days']} | {row['detector']} | {row['playbook']} "
-            f"| {row['phi']:.1f} | {row['window_phi']:.1f} | {row['alpha0']:.3f} | {row['lowest']:.3f} |"
-        )
-    lines += [
-        "",
-        "## Detection of a drop at a random moment (delay from the drop to the firing)",
-        "",
-        "Caught: fired within 10 minutes of the drop. Before: firings before the drop (false alarms in",
-        "the runs' in-control minutes).",
-        "",
-        "| load | k | drop | runs | collapse: caught | median | p90 | before | fallback: caught | median | p90 | before |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in dr:
-        d, p = row["detector"], row["playbook"]
-        lines.append(
-            f"| {row['load']} | {row['k']} | 0.75 -> {row['to']} | {row['runs']} | {d['caught']} | {_s(d['median'])} "
-            f"| {_s(d['p90'])} | {d['early']} | {p['caught']} | {_s(p['median'])} | {_s(p['p90'])} | {p['early']} |"
-        )
-    lines += [
-        "",
-        "## The shipped rule's settings varied, 16 requests, 0.75 -> 0.45",
-        "",
-        "Median (p90) delay of the detector, and its phi (median of the runs' warm-ups). h follows the",
-        "interval (ln(30 days / interval) + ln(tests): the levels and the window test), so each variant",
-        "keeps the bound of one false alarm in 30 days.",
-        "",
-        "| variant | k | runs | caught | median | p90 | phi |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in sweep:
-        d = row["detector"]
-        lines.append(
-            f"| {row['variant']} | {row['k']} | {row['runs']} | {d['caught']} | {_s(d['median'])} "
-            f"| {_s(d['p90'])} | {row['phi']:.0f} |"
-        )
-    big = [r for r in dr if r["to"] == 0.45]
-    subtle = [r for r in dr if r["to"] == 0.62]
-    lines += [
-        "",
-        "## What one window holds",
-        "",
-        "The highest alpha-hat of the first whole 5 s window after 0.75 -> 0.45, over the runs,",
-        f"against the lowest in-control window of the {fa[0]['days'] if fa else '-'} days (geometric lengths):",
-        "",
-    ]
-    for row in big:
-        lowest = [
-            r["lowest"] for r in fa if r["load"] == row["load"] and r["k"] == row["k"] and not r["heavy"]
-        ]
-        lines.append(
-            f"- {row['load']} k={row['k']}: first window after the drop at most "
-            f"{row['first_window_highest']:.3f}; lowest in-control window "
-            + (f"{lowest[0]:.3f}" if lowest else "-")
-        )
-    lines += [
-        "",
-        "## Targets",
-        "",
-        "- median delay for 0.75 -> 0.45 at most 20 s: "
-        + ", ".join(f"{r['load']} k={r['k']} {_s(r['detector']['median'])}" for r in big),
-        "- 0.75 -> 0.62 caught within 10 minutes in at least 95 % of runs: "
-        + ", ".join(
-            f"{r['load']} k={r['k']} {100 * r['detector']['caught'] / r['runs']:.0f} %" for r in subtle
-        ),
-        "- at most one false alarm in 30 days: "
-        + ", ".join(
-            f"{r['load']} k={r['k']}{' lognormal' if r['heavy'] else ''} {r['detector']}" for r in fa
-        ),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 async def main(args: argparse.Namespace) -> None:

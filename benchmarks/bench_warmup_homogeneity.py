@@ -2,7 +2,7 @@
 it holds back a healthy warm-up (false rejections), how late that makes calibration, and which shifts
 inside a warm-up it finds.
 
-Traffic is the collapse benchmark's model of vLLM (``bench_collapse_detector.Traffic``: requests in
+Traffic is the collapse benchmark's model of vLLM (``collapse_traffic.Traffic``: requests in
 flight, each with its own acceptance, 30 s on average, geometric or lognormal lengths; chain drafts
 of k tokens), in 5 s windows; the rule is the shipped ``acceptance_collapse`` (an hour's warm-up,
 720 windows, drops 0.12 and 0.3).
@@ -34,7 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_collapse_detector import LOADS, WINDOW, Judge, Traffic, detector_answer, rules
+from benchmarks.collapse_rules import Judge, detector_answer, rules
+from benchmarks.collapse_traffic import LOADS, WINDOW, Traffic
 from specguard.common.homogeneity import Window
 from specguard.engine.warmup import examine
 
@@ -146,7 +147,8 @@ def report(fr: list[dict[str, Any]], sf: list[dict[str, Any]], took: float) -> s
     )
     # What the figures depend on: this file, the traffic it draws, the check and the detector.
     paths = [
-        "benchmarks/bench_warmup_homogeneity.py", "benchmarks/bench_collapse_detector.py", "common/homogeneity.py",
+        "benchmarks/bench_warmup_homogeneity.py", "benchmarks/collapse_traffic.py", "benchmarks/collapse_rules.py",
+        "common/homogeneity.py",
         "common/sequential.py", "daemon/warmup.py", "daemon/detection.py", "daemon/evaluation.py", "rules",
     ]  # fmt: skip
     dirty = subprocess.run(
@@ -162,7 +164,7 @@ def report(fr: list[dict[str, Any]], sf: list[dict[str, Any]], took: float) -> s
         f"Python {platform.python_version()}, {platform.machine()}; {took:.0f} s in all.",
         "",
         "The shipped `acceptance_collapse` (5 s windows, a warm-up of 720, drops 0.12 and 0.3) on the collapse",
-        "benchmark's traffic model (`benchmarks/bench_collapse_detector.py`): requests in flight, each",
+        "benchmark's traffic model (`benchmarks/collapse_traffic.py`): requests in flight, each",
         "with its own acceptance (a Beta of spread 0.1 around the level) and lasting 30 s on average,",
         "geometric or lognormal (sd of log 1.5); chain drafts of k tokens.",
         "",

@@ -40,9 +40,10 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 
-from specguard.sim.engine import Engine, EngineStep
+from specguard.sim.engine.engine import Engine
+from specguard.sim.engine.events import EngineStep
+from specguard.sim.engine.records import RequestRecord
 from specguard.sim.options import SimOptions
-from specguard.sim.records import RequestRecord
 
 LABELS = ("model_name", "engine")
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -75,7 +76,7 @@ def one_two_five(limit: int) -> tuple[int, ...]:
 
 
 class VllmMetrics:
-    """vLLM's engine metrics; listens to the simulated engine (sim.engine.EngineListener)."""
+    """vLLM's engine metrics; listens to the simulated engine (sim.engine.events.EngineListener)."""
 
     def __init__(self, options: SimOptions) -> None:
         self.registry = CollectorRegistry()

@@ -14,12 +14,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specguard.common.yamlfile import FileProblems, LineDict, Problem, load_yaml
-
-if TYPE_CHECKING:
-    from specguard.sim.scenario import Scenario
+from specguard.sim.model import beta_parameters
+from specguard.sim.scenario import Scenario, load_scenario
 
 # Conditional acceptance of a trained EAGLE-style head at temperature 0: EAGLE-1 Table 2 measures
 # 0-alpha of 0.74-0.79 at position 0 (speculative-math.md section 3); 0.8 is that, rounded.
@@ -139,8 +138,6 @@ class SimOptions:
             _finite(self.acceptance_spread) and self.acceptance_spread >= 0, "acceptance spread must be >= 0"
         )
         if self.acceptance_spread > 0:
-            from specguard.sim.model import beta_parameters
-
             try:
                 beta_parameters(self.acceptance_by_position[0], self.acceptance_spread)
             except ValueError as exc:
@@ -392,8 +389,6 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
     Raises OptionsError or FileProblems (the scenario file's or the config file's).
     """
-    from specguard.sim.scenario import load_scenario  # a cycle otherwise: scenario needs nothing from here
-
     config = _config_file(args)
     values: dict[str, Any] = {}
     for dest in _CONVERTERS:

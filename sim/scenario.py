@@ -14,14 +14,12 @@ timeline:
 ```
 
 Times are relative to the moment the simulator starts serving (after its startup delay). Errors
-are reported as ``file:line: field: message``.
+are reported as ``file:line: field: message``. This module reads and checks the file;
+sim.scenario_player plays its timeline on the engines.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -29,9 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from specguard.common.yamlfile import FileProblems, Problem, load_yaml, validation_problems
 from specguard.rules.durations import Duration
-from specguard.sim.engine import Engine
-
-log = logging.getLogger(__name__)
 
 Probability = Annotated[float, Field(ge=0, le=1)]
 
@@ -99,45 +94,3 @@ def load_scenario(path: Path) -> Scenario:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise FileProblems(validation_problems(label, data, exc)) from None
-
-
-async def run_scenario(
-    scenario: Scenario, engines: Sequence[Engine], die: Callable[[], Awaitable[None]]
-) -> None:
-    """Apply the timeline to ``engines`` on the event loop's clock; ``die`` ends the simulator."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    for event in scenario.timeline:
-        await asyncio.sleep(max(start + event.at - loop.time(), 0.0))
-        if event.die:
-            await die()
-            return
-        targets = list(engines) if event.engine is None else [engines[event.engine]]
-        where = "" if event.engine is None else f" on engine {event.engine}"
-        for engine in targets:
-            _apply(event, engine)
-        log.info("scenario at %gs%s: %s", event.at, where, _describe(event))
-
-
-def _apply(event: TimelineEvent, engine: Engine) -> None:
-    if event.acceptance is not None:
-        engine.set_acceptance(event.acceptance)
-    if event.acceptance_by_position is not None:
-        engine.set_acceptance(event.acceptance_by_position)
-    if isinstance(event.kv_usage, KvRamp):
-        engine.ramp_kv_usage_floor(event.kv_usage.to, event.kv_usage.over)
-    elif event.kv_usage is not None:
-        engine.set_kv_usage_floor(event.kv_usage)
-
-
-def _describe(event: TimelineEvent) -> str:
-    parts = []
-    if event.acceptance is not None:
-        parts.append(f"acceptance {event.acceptance:g}")
-    if event.acceptance_by_position is not None:
-        parts.append(f"acceptance by position {event.acceptance_by_position}")
-    if isinstance(event.kv_usage, KvRamp):
-        parts.append(f"KV usage floor to {event.kv_usage.to:g} over {event.kv_usage.over:g}s")
-    elif event.kv_usage is not None:
-        parts.append(f"KV usage floor {event.kv_usage:g}")
-    return ", ".join(parts)

@@ -11,7 +11,7 @@ charset), ``server: uvicorn`` and ``vary: Origin`` on every answer, ``allow`` on
 
 A request with ``n`` choices, or a completion with several prompts, becomes one engine request per
 prompt and choice, as vLLM fans them out; with several data-parallel engines each one is routed on
-its own (sim.router).
+its own (sim.engine.router).
 """
 
 from __future__ import annotations
@@ -29,29 +29,25 @@ from typing import Literal
 
 from aiohttp import web
 
-from specguard.sim.engine import Engine, EngineStopped, GenerationParams, RequestHandle, StepOutput
+from specguard.sim.engine.engine import Engine, RequestHandle
+from specguard.sim.engine.records import GroundTruthLog, RequestRecord
+from specguard.sim.engine.requests import EngineStopped, GenerationParams, StepOutput
+from specguard.sim.engine.router import Router
 from specguard.sim.metrics import VllmMetrics
-from specguard.sim.options import SimOptions
-from specguard.sim.protocol import (
+from specguard.sim.openai.errors import RequestError, error_body
+from specguard.sim.openai.requests import ChatCompletionRequest, CompletionRequest, Plan, parse_request, plan
+from specguard.sim.openai.responses import (
     VLLM_VERSION,
-    ChatCompletionRequest,
     Choice,
-    CompletionRequest,
-    Plan,
-    RequestError,
     ResponseShape,
-    error_body,
     models_body,
-    parse_request,
-    plan,
     sse,
     system_fingerprint,
     usage,
 )
-from specguard.sim.records import GroundTruthLog, RequestRecord
-from specguard.sim.router import Router
-from specguard.sim.scenario import run_scenario
-from specguard.sim.tokenize import tokenize
+from specguard.sim.openai.tokenize import tokenize
+from specguard.sim.options import SimOptions
+from specguard.sim.scenario_player import run_scenario
 from specguard.sim.tokens import Logprobs, TokenLogprob
 
 log = logging.getLogger(__name__)

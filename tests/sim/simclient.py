@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from specguard.rules.signals import DEFAULT_GROUP_BY, get_signal
+from specguard.sim.engine.records import RequestRecord
 from specguard.sim.options import SimOptions, SpeculativeConfig
-from specguard.sim.records import RequestRecord
 from specguard.sim.server import Simulator, start_simulator
 from specguard.sources.scrape import ScrapeSource
 

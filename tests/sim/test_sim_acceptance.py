@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specguard.sim.records import RequestRecord
+from specguard.sim.engine.records import RequestRecord
 from specguard.sim.server import Simulator
 from tests.sim.simclient import (
     completion,

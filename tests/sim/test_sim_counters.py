@@ -8,8 +8,8 @@ from typing import Any
 
 import aiohttp
 
+from specguard.sim.engine.records import StepRecord
 from specguard.sim.options import SimOptions
-from specguard.sim.records import StepRecord
 from specguard.sim.server import start_simulator
 from tests.sim.simclient import chat, completion, metrics_text, record_of, running, speculative, stream, value
 

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from specguard.sim.engine.router import Router
 from specguard.sim.options import OptionsError, SimOptions
-from specguard.sim.router import Router
 from specguard.sim.scenario import load_scenario
 from tests.sim.simclient import completion, families, metrics_text, running, speculative, value
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from specguard.sim.prefix_cache import PrefixCache, block_hashes
+from specguard.sim.engine.prefix_cache import PrefixCache, block_hashes
 from tests.sim.simclient import completion, metrics_text, record_of, running, value
 
 A = list(range(10, 310))  # 300 tokens

@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from specguard.sim.records import RequestRecord
+from specguard.sim.engine.records import RequestRecord
 from tests.sim.simclient import FIXTURES, chat, completion, record_of, running, speculative, stream
 
 

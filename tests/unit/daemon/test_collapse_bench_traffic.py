@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from benchmarks.bench_collapse_detector import (
+from benchmarks.collapse_traffic import (
     IN_CONTROL,
     MEAN_LIFE,
     SPREAD,

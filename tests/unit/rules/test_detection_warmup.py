@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.bench_collapse_detector import Traffic
+from benchmarks.collapse_traffic import Traffic
 from specguard.cli import main
 from specguard.common.sequential import Dispersion
 from specguard.config.loading import LoadedRule, load

@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 
-from benchmarks.bench_collapse_detector import Traffic
+from benchmarks.collapse_traffic import Traffic
 from specguard.common.homogeneity import (
     FALSE_REJECTION,
     MOVING_RANGE,

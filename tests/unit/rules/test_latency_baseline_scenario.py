@@ -23,13 +23,14 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-import specguard.sim.engine as sim_engine
+import specguard.sim.engine.engine as sim_engine
 from specguard.config.loading import Loaded, LoadedRule, load
 from specguard.daemon.evaluation import evaluate_rule
 from specguard.playbook.bench import histograms
 from specguard.playbook.bench.prompts import builtin
 from specguard.playbook.bench.stats import quantile
-from specguard.sim.engine import Engine, GenerationParams
+from specguard.sim.engine.engine import Engine
+from specguard.sim.engine.requests import GenerationParams
 from specguard.sim.metrics import VllmMetrics
 from specguard.sim.options import SimOptions, SpeculativeConfig
 from specguard.sim.tokens import text_token_ids

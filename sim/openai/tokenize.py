@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specguard.sim.protocol import ChatMessage, OpenBody, RequestError, invalid, parse_body
+from specguard.sim.openai.errors import RequestError, invalid
+from specguard.sim.openai.requests import ChatMessage, OpenBody, parse_body
 from specguard.sim.tokens import chat_prompt_token_ids, text_token_ids
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specguard.sim.engine import Engine
+from specguard.sim.engine.engine import Engine
 
 
 class Router:

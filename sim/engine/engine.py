@@ -5,7 +5,7 @@ most ``max_num_seqs`` running, and only if their tokens fit the KV cache), sleep
 cost, then for every running request either prefills (first step after admission: one token, no
 draft, as vLLM samples the first token from the prefill) or decodes (k draft tokens, an accepted
 prefix, plus the bonus token). Each request's tokens of a step go out as one output, which the HTTP
-layer turns into one SSE chunk. Prompt blocks already in the prefix cache (sim.prefix_cache) are not
+layer turns into one SSE chunk. Prompt blocks already in the prefix cache (sim.engine.prefix_cache) are not
 computed again: they cost no prefill time.
 
 KV cache, simplified (no blocks): a running request holds ``prompt + generated`` tokens; a decode
@@ -25,128 +25,32 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Protocol
+from dataclasses import dataclass
 
 from specguard.sim import model
+from specguard.sim.engine.events import EngineCounters, EngineListener, EngineStep
+from specguard.sim.engine.prefix_cache import PrefixCache, block_hashes
+from specguard.sim.engine.records import RequestRecord, StepRecord
+from specguard.sim.engine.requests import (
+    EngineRequest,
+    EngineStopped,
+    GenerationParams,
+    RequestState,
+    RequestStep,
+    StepOutput,
+)
 from specguard.sim.options import SimOptions, check_acceptance
-from specguard.sim.prefix_cache import PrefixCache, block_hashes
-from specguard.sim.records import RequestRecord, StepRecord
 from specguard.sim.tokens import TokenText
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class GenerationParams:
-    prompt_tokens: int
-    max_tokens: int | None = None  # None: the rest of the context window, as vLLM does
-    temperature: float = 1.0
-    ignore_eos: bool = False
-    request_id: str | None = None
-    # The prompt's token ids, for the prefix cache; empty: a prompt that shares nothing.
-    prompt_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """The tokens one step produced for one request."""
-
-    text: str
-    tokens: int
-    finish_reason: str | None  # set on the request's last output
-    pieces: tuple[str, ...] = ()  # the text of each token
-
-
-class EngineStopped(Exception):
-    """The engine stopped (simulator shut down or died) before the request finished."""
-
-
-@dataclass(frozen=True)
-class RequestStep:
-    record: RequestRecord
-    step: StepRecord
-    first_token: bool
-    interval: float | None  # since the request's previous output (an inter-token latency)
-
-
-@dataclass(frozen=True)
-class EngineStep:
-    engine: int  # the engine's index (vLLM's `engine` label)
-    prompt_tokens: int  # prompt tokens prefilled for the first time in this step
-    cached_tokens: int  # ...of which found in the prefix cache (not computed)
-    outputs: Sequence[RequestStep]
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(out.step.tokens for out in self.outputs)
-
-
-class EngineListener(Protocol):
-    """Who turns engine events into metrics (sim.metrics.VllmMetrics)."""
-
-    def on_step(self, step: EngineStep) -> None: ...
-
-    def on_finished(self, engine: int, record: RequestRecord) -> None: ...
-
-    def on_preempted(self, engine: int, record: RequestRecord) -> None: ...
-
-
-@dataclass
-class EngineCounters:
-    """Python-side totals, to compare with what /metrics says."""
-
-    steps: int = 0
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    generation_tokens: int = 0
-    preemptions: int = 0
-    finished: dict[str, int] = field(default_factory=dict)  # by finish reason
-
-
 MAX_RECORDS = 10_000  # requests kept for ground_truth()
-
-
-class _State(Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-class _Request:
-    def __init__(
-        self,
-        record: RequestRecord,
-        stop_at: int,
-        stop_reason: str,
-        text: TokenText,
-        block_hashes: Sequence[int],
-    ) -> None:
-        self.record = record
-        self.block_hashes = block_hashes
-        self.stop_at = stop_at  # completion tokens at which the request ends
-        self.stop_reason = stop_reason  # "stop" (EOS) or "length" (max_tokens)
-        self.text = text
-        self.state = _State.WAITING
-        self.needs_prefill = True
-        self.cached_tokens = 0  # prompt tokens the prefix cache holds for the coming prefill
-        self.outputs: asyncio.Queue[StepOutput | None] = asyncio.Queue()
-        self.acceptance_factor = 1.0  # this request's acceptance over the configured one
-
-    @property
-    def held_tokens(self) -> int:
-        return self.record.prompt_tokens + self.record.completion_tokens
 
 
 class RequestHandle:
     """One submitted request: its record, its outputs, and a way to abort it."""
 
-    def __init__(self, engine: Engine, request: _Request) -> None:
+    def __init__(self, engine: Engine, request: EngineRequest) -> None:
         self._engine = engine
         self._request = request
 
@@ -209,9 +113,9 @@ class Engine:
             options.kv_capacity_tokens // options.block_size,
             options.enable_prefix_caching,
         )
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []  # admission order: the last is preempted first
-        self._unfinished: set[_Request] = set()
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: list[EngineRequest] = []  # admission order: the last is preempted first
+        self._unfinished: set[EngineRequest] = set()
         # Bounded so a simulator left running for days does not grow without end; the ground-truth
         # file keeps every request.
         self._records: deque[RequestRecord] = deque(maxlen=MAX_RECORDS)
@@ -324,9 +228,9 @@ class Engine:
         hashes = block_hashes(params.prompt_token_ids, self.options.block_size)
         eos_at = model.natural_length(text_rng, self.options.mean_output_tokens)
         if not params.ignore_eos and eos_at <= max_tokens:
-            request = _Request(record, eos_at, "stop", TokenText(text_rng), hashes)
+            request = EngineRequest(record, eos_at, "stop", TokenText(text_rng), hashes)
         else:
-            request = _Request(record, max_tokens, "length", TokenText(text_rng), hashes)
+            request = EngineRequest(record, max_tokens, "length", TokenText(text_rng), hashes)
         request.acceptance_factor = model.request_factor(
             self._rng, self._acceptance[0], self.options.acceptance_spread
         )
@@ -336,10 +240,10 @@ class Engine:
         self._wakeup.set()
         return RequestHandle(self, request)
 
-    def _abort(self, request: _Request) -> None:
-        if request.state is _State.FINISHED:
+    def _abort(self, request: EngineRequest) -> None:
+        if request.state is RequestState.FINISHED:
             return
-        if request.state is _State.WAITING:
+        if request.state is RequestState.WAITING:
             self._waiting.remove(request)
         else:
             self._running.remove(request)
@@ -385,7 +289,7 @@ class Engine:
             await asyncio.sleep(max(self._deadline - loop.time(), 0.0))
             self._execute(batch, cost)
 
-    def _needed(self, requests: Sequence[_Request]) -> int:
+    def _needed(self, requests: Sequence[EngineRequest]) -> int:
         # Tokens held plus what this step may add: 1 + k in decode, the sampled token in prefill.
         return sum(r.held_tokens + (1 if r.needs_prefill else 1 + self.k) for r in requests)
 
@@ -403,7 +307,7 @@ class Engine:
             if self._running and self._needed([*self._running, candidate]) > capacity:
                 break  # waits for capacity (num_requests_waiting_by_reason{reason="capacity"})
             self._waiting.popleft()
-            candidate.state = _State.RUNNING
+            candidate.state = RequestState.RUNNING
             candidate.needs_prefill = True
             candidate.cached_tokens = 0  # a preempted request recomputes what it held
             if candidate.record.scheduled_time is None:
@@ -416,21 +320,21 @@ class Engine:
                 candidate.record.cached_tokens = candidate.cached_tokens
             self._running.append(candidate)
 
-    def _preempt(self, request: _Request) -> None:
-        request.state = _State.WAITING
+    def _preempt(self, request: EngineRequest) -> None:
+        request.state = RequestState.WAITING
         request.record.preemptions += 1
         self.counters.preemptions += 1
         self._waiting.appendleft(request)  # vLLM puts preempted requests first in line
         self._listener.on_preempted(self.index, request.record)
 
-    def _execute(self, batch: Sequence[_Request], cost: float = 0.0) -> None:
+    def _execute(self, batch: Sequence[EngineRequest], cost: float = 0.0) -> None:
         wall = self._wall(time.monotonic())
         outputs: list[RequestStep] = []
-        finished: list[tuple[_Request, str]] = []
+        finished: list[tuple[EngineRequest, str]] = []
         prompt_tokens = 0
         cached_tokens = 0
         for request in batch:
-            if request.state is not _State.RUNNING:  # aborted while the step ran
+            if request.state is not RequestState.RUNNING:  # aborted while the step ran
                 continue
             record = request.record
             first_token = record.first_token_time is None
@@ -488,8 +392,8 @@ class Engine:
             for position in range(step.accepted):
                 counters.accepted_per_position[position] += 1
 
-    def _finish(self, request: _Request, reason: str, wall: float) -> None:
-        request.state = _State.FINISHED
+    def _finish(self, request: EngineRequest, reason: str, wall: float) -> None:
+        request.state = RequestState.FINISHED
         record = request.record
         record.finish_reason = reason
         record.finished_time = wall
