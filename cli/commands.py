@@ -456,8 +456,8 @@ async def _evaluate_once(
     """The rows, and the seconds the scrapes spanned (None: Prometheus, over each whole window);
     what the source could not read goes to ``failures``."""
     from specguard.daemon.evaluation import evaluate_rule, window_of
-    from specguard.daemon.runtime import make_source
     from specguard.daemon.status import detector_row
+    from specguard.daemon.wiring import make_source
 
     source = make_source(loaded)
     rows: list[dict[str, Any]] = []
@@ -585,7 +585,7 @@ def _state_database(
     """The state database of the config's state_dir (or --state-dir); None, said, when there is
     none or the config is wrong. The loaded config goes to ``loaded_out``."""
     from specguard.config.loading import load
-    from specguard.daemon.runtime import STORE_FILE
+    from specguard.daemon.wiring import STORE_FILE
 
     overrides = {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
     loaded = load(args.config, (), overrides)
