@@ -120,7 +120,7 @@ class Intake:
                 return
             except Exception as exc:
                 log.exception("rule %s: evaluation on an Alertmanager delivery failed", item.name)
-                shared.note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
+                self.rounds.note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
         try:
             await self.inbox.mark_processed([r.id for r in receipts], time.time())
         except StoreError as exc:

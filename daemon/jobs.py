@@ -90,7 +90,7 @@ class Jobs:
                 id="report",
                 misfire_grace_time=3600,
             )
-        intervals = sorted({shared.interval_of(r) for r in shared.loaded.enabled_rules()})
+        intervals = sorted({self.rounds.interval_of(r) for r in shared.loaded.enabled_rules()})
         shared.last_round_of = {interval: shared.last_round_of.get(interval) for interval in intervals}
         for interval in intervals:
             self.scheduler.add_job(

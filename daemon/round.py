@@ -1,7 +1,8 @@
 """The evaluation round: the scheduler runs one per interval over the rules of that interval, and
 an Alertmanager delivery asks for one rule's evaluation at once. One rule's evaluation reads down:
 ``evaluation.evaluate_rule`` reads the rule's signal and has the engine judge it; what the engine
-decided is stored, and only then handed to the dispatcher, which acts beside the round."""
+decided is stored, and only then handed to the dispatcher, which acts beside the round. A rule that
+cannot be evaluated is said once per change; a store that failed is tried again at the next round."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class Rounds:
         self.first_done = asyncio.Event()  # every rule evaluated once since the start: READY=1
         self._unevaluated: set[str] = set()  # rules not yet evaluated since the start
 
+    def interval_of(self, item: LoadedRule) -> float:
+        """The interval ``item`` is evaluated at: its own, or the config's."""
+        return item.rule.interval or self.shared.loaded.config.interval
+
     def expect(self, names: Iterable[str]) -> None:
         """The rules to evaluate once before ``first_done`` (the start's)."""
         self._unevaluated = set(names)
@@ -58,10 +63,10 @@ class Rounds:
         shared = self.shared
         started = time.monotonic()
         rules = [
-            r for r in shared.loaded.enabled_rules() if interval is None or shared.interval_of(r) == interval
+            r for r in shared.loaded.enabled_rules() if interval is None or self.interval_of(r) == interval
         ]
         if shared.store_error is not None:
-            await shared.retry_store()
+            await self._retry_store()
         for item in rules:
             try:
                 await self.evaluate_one(item)
@@ -70,7 +75,7 @@ class Rounds:
             except Exception as exc:  # one rule's failure must not stop the others
                 log.exception("rule %s: evaluation failed", item.name)
                 shared.metrics.evaluations.labels(item.name, Verdict.ERROR.value).inc()
-                shared.note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
+                self.note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
             finally:
                 self._evaluated(item.name)  # a failed evaluation is a verdict too: it must not hold READY
         label = format_duration(interval) if interval else "all"
@@ -82,12 +87,6 @@ class Rounds:
         shared.metrics.last_evaluation.set(shared.last_round)
         tell_status(shared)
         shared.dispatcher.wake()  # the flags are looked at against the states this round left
-
-    def _evaluated(self, name: str) -> None:
-        """Rule ``name`` has been evaluated (stored, or failed) since the start: READY=1 once all have."""
-        self._unevaluated.discard(name)
-        if not self._unevaluated:
-            self.first_done.set()
 
     async def evaluate_one(
         self, item: LoadedRule, trigger: str = SCHEDULE, touched: Sequence[Receipt] | None = None
@@ -111,7 +110,7 @@ class Rounds:
             shared.loaded.baseline,
             previous,
             now,
-            shared.interval_of(item),
+            self.interval_of(item),
             alerts=shared.alerts,
             trigger=trigger,
             touched=touched,
@@ -145,7 +144,7 @@ class Rounds:
         shared.states[name] = states
         shared.rule_verdicts[name] = _rule_verdict(outcome, result)
         self._evaluated(name)  # before its actions run: they must not hold READY
-        shared.note_error(name, outcome.error)
+        self.note_error(name, outcome.error)
         verdicts = list(outcome.verdicts.values()) or [Verdict.ERROR if outcome.error else Verdict.NO_DATA]
         for verdict in verdicts:
             shared.metrics.evaluations.labels(name, verdict.value).inc()
@@ -175,6 +174,38 @@ class Rounds:
             )
         if records:  # runs to carry out, and runs the guards held back to log
             await shared.dispatcher.run(pending, wait=False)  # carried out beside the round
+
+    def _evaluated(self, name: str) -> None:
+        """Rule ``name`` has been evaluated (stored, or failed) since the start: READY=1 once all have."""
+        self._unevaluated.discard(name)
+        if not self._unevaluated:
+            self.first_done.set()
+
+    def note_error(self, rule: str, error: str | None) -> None:
+        """Why ``rule`` could not be evaluated (None: it could), logged when it changes."""
+        errors = self.shared.rule_errors
+        if error != errors.get(rule):
+            if error:
+                log.warning("rule %s: %s", rule, error)
+            elif errors.get(rule):
+                log.info("rule %s: evaluating again", rule)
+        errors[rule] = error
+
+    async def _retry_store(self) -> None:
+        """Once the store failed, only a real write says it works again: a rule with nothing to
+        change commits nothing, and succeeds even on a full disk."""
+        shared = self.shared
+        try:
+            await shared.store.check_writable()
+        except StoreError as exc:
+            shared.store_failed(str(exc))
+            return
+        log.info("the state store can be written again: %s", shared.store.path)
+        shared.store_error = None
+        try:
+            await shared.dispatcher.run(wait=False)  # runs recorded before the store failed, still to do
+        except StoreError as exc:
+            shared.store_failed(str(exc))
 
 
 def _rule_verdict(outcome: Outcome, result: SourceResult) -> tuple[str, str | None]:

@@ -86,7 +86,7 @@ class Daemon(Shared):
         if dropped:
             log.info("forgot the state of %d rule(s) no longer configured or disabled", dropped)
         self.states = await self.store.load_states()
-        firing = sum(1 for s in self.all_series() if s.state is State.FIRING)
+        firing = sum(1 for states in self.states.values() for s in states.values() if s.state is State.FIRING)
         log.info(
             "state loaded from %s: %d series, %d firing",
             self.store.path,

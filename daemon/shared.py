@@ -1,6 +1,6 @@
 """What the parts of the running daemon share: the loaded config, its metrics, the store, the
 source, the dispatcher, the series' states and the alert book; and how a store that cannot be
-written, or a rule that cannot be evaluated, is noted (once per change)."""
+written is noted (once per change)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from specguard.daemon.wiring import STORE_FILE, make_history_source, make_source
 from specguard.dispatch import Dispatcher
 from specguard.metrics.registry import DaemonMetrics
 from specguard.sources.base import Source
-from specguard.store.database import EventRecord, Store, StoreError
+from specguard.store.database import EventRecord, Store
 from specguard.store.records import SeriesState
 
 log = logging.getLogger("specguard")
@@ -59,37 +59,8 @@ class Shared:
         # follows what the daemon decides.
         self.on_event: list[Callable[[LoadedRule, EventRecord], None]] = []
 
-    def interval_of(self, item: LoadedRule) -> float:
-        return item.rule.interval or self.loaded.config.interval
-
-    def all_series(self) -> list[SeriesState]:
-        return [s for states in self.states.values() for s in states.values()]
-
     def store_failed(self, message: str) -> None:
         self.metrics.store_errors.inc()
         if message != self.store_error:  # once per change, not once per rule and round
             log.error("%s: rules are evaluated but nothing changes until it can be written", message)
         self.store_error = message
-
-    async def retry_store(self) -> None:
-        """Once the store failed, only a real write says it works again: a rule with nothing to
-        change commits nothing, and succeeds even on a full disk."""
-        try:
-            await self.store.check_writable()
-        except StoreError as exc:
-            self.store_failed(str(exc))
-            return
-        log.info("the state store can be written again: %s", self.store.path)
-        self.store_error = None
-        try:
-            await self.dispatcher.run(wait=False)  # runs recorded before the store failed, still to do
-        except StoreError as exc:
-            self.store_failed(str(exc))
-
-    def note_error(self, rule: str, error: str | None) -> None:
-        if error != self.rule_errors.get(rule):
-            if error:
-                log.warning("rule %s: %s", rule, error)
-            elif self.rule_errors.get(rule):
-                log.info("rule %s: evaluating again", rule)
-        self.rule_errors[rule] = error
