@@ -447,8 +447,9 @@ def report(
     )
     # What the figures depend on: this file, the evaluation path it drives, the model it draws from.
     measured_path = [
-        "benchmarks/bench_collapse_detector.py", "daemon/evaluation.py", "daemon/detection.py",
-        "daemon/engine.py", "daemon/loading.py", "common/sequential.py", "rules", "sim/model.py",
+        "benchmarks/bench_collapse_detector.py", "daemon/evaluation.py", "daemon/readings.py",
+        "engine/detection.py", "engine/detector_state.py", "engine/states.py", "config/loading.py",
+        "common/sequential.py", "rules", "sim/model.py",
     ]  # fmt: skip
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--", *measured_path],

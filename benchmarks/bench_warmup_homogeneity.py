@@ -1,4 +1,4 @@
-"""The collapse detector's warm-up check (``common.homogeneity`` through ``daemon.warmup``): how often
+"""The collapse detector's warm-up check (``common.homogeneity`` through ``engine.warmup``): how often
 it holds back a healthy warm-up (false rejections), how late that makes calibration, and which shifts
 inside a warm-up it finds.
 
@@ -147,7 +147,8 @@ def report(fr: list[dict[str, Any]], sf: list[dict[str, Any]], took: float) -> s
     # What the figures depend on: this file, the traffic it draws, the check and the detector.
     paths = [
         "benchmarks/bench_warmup_homogeneity.py", "benchmarks/bench_collapse_detector.py", "common/homogeneity.py",
-        "common/sequential.py", "daemon/warmup.py", "daemon/detection.py", "daemon/evaluation.py", "rules",
+        "common/sequential.py", "engine/warmup.py", "engine/detection.py", "engine/detector_state.py",
+        "daemon/evaluation.py", "rules",
     ]  # fmt: skip
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--", *paths], capture_output=True, text=True, check=False
