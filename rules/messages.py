@@ -42,7 +42,7 @@ class Wording(StrEnum):
         return self in (Wording.BREACH, Wording.STILL_BREACHING)
 
 
-# The states the engine moves a series into (``daemon.engine.State``'s values).
+# The states the engine moves a series into (``store.records.State``'s values).
 _BREACHING = ("pending", "firing")
 _NEGATED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
 

@@ -166,7 +166,7 @@ class Detect(BaseModel):
     drop: float | list[float] | None = None  # or α1 = α0 - drop
     false_alarm_every: Duration = Field(30 * 86400.0, gt=0)
     # Windows of traffic that estimate the overdispersion φ (and α0 when learned) before the
-    # detector judges, once they pass a check that they hold one level (``daemon.warmup``); kept in
+    # detector judges, once they pass a check that they hold one level (``engine.warmup``); kept in
     # the store across restarts.
     warmup: Duration = Field(3600.0, gt=0)
     min_trials: int = Field(100, ge=1)  # a window with fewer trials (S + F) is no data
@@ -329,7 +329,7 @@ class Rule(BaseModel):
     @property
     def test(self) -> Condition:
         """What a series is compared with: the condition, "firing alerts > 0" for an alert rule, or
-        "G >= h" for a detector (h comes with the interval: ``daemon.detection`` sets it)."""
+        "G >= h" for a detector (h comes with the interval: ``engine.detection`` sets it)."""
         if self.detect is not None:
             return Condition(op=">=", constant=math.inf, text="G >= h")
         return self.condition if self.condition is not None else ALERT_CONDITION

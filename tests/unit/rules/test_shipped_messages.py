@@ -2,7 +2,7 @@
 not show: a message that claims a breach comes with a value that breaches the rule's condition, a
 recovery with one that does not, and a move without a value says it has none.
 
-The walk runs the real engine (``daemon.engine.evaluate``) on each rule's own spec, under each
+The walk runs the real engine (``engine.states.evaluate``) on each rule's own spec, under each
 no-data policy an operator may set, and takes each event's message from the path the log, Slack,
 ``history`` and the report read (``daemon.dispatch.describe``). What a message may claim is derived
 from the rule's condition and the event's value, never from the words of the messages.
