@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_pages import CAPTURE, grown
 
 from specguard.config.loading import load
-from specguard.daemon.evaluation import read_signal
+from specguard.daemon.readings import read_signal
 from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
 from specguard.sources.scrape import ScrapeSource
 from specguard.store.baseline import parse_baseline

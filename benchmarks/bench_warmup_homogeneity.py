@@ -148,8 +148,8 @@ def report(fr: list[dict[str, Any]], sf: list[dict[str, Any]], took: float) -> s
     # What the figures depend on: this file, the traffic it draws, the check and the detector.
     paths = [
         "benchmarks/bench_warmup_homogeneity.py", "benchmarks/collapse_traffic.py", "benchmarks/collapse_rules.py",
-        "common/homogeneity.py",
-        "common/sequential.py", "daemon/warmup.py", "daemon/detection.py", "daemon/evaluation.py", "rules",
+        "common/homogeneity.py", "common/sequential.py", "engine/warmup.py", "engine/detection.py",
+        "engine/detector_state.py", "daemon/evaluation.py", "daemon/readings.py", "rules",
     ]  # fmt: skip
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--", *paths], capture_output=True, text=True, check=False

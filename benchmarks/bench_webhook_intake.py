@@ -151,7 +151,18 @@ def revision() -> str:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "daemon", "rules", "actions"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--",
+                "daemon",
+                "config",
+                "store",
+                "dispatch",
+                "rules",
+                "actions",
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,

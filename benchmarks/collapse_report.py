@@ -42,8 +42,8 @@ def report(
     measured_path = [
         "benchmarks/bench_collapse_detector.py", "benchmarks/collapse_traffic.py",
         "benchmarks/collapse_rules.py", "benchmarks/collapse_report.py",
-        "daemon/evaluation.py", "daemon/detection.py",
-        "daemon/engine.py", "daemon/loading.py", "common/sequential.py", "rules", "sim/model.py",
+        "daemon/evaluation.py", "daemon/readings.py", "engine/detection.py", "engine/detector_state.py",
+        "engine/states.py", "config/loading.py", "common/sequential.py", "rules", "sim/model.py",
     ]  # fmt: skip
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--", *measured_path],

@@ -77,7 +77,7 @@ def _labels(labels: Mapping[str, str]) -> str:
 def stored_states(loaded: Any) -> dict[str, Any]:
     """The rule states of the config's state database, read-only (as `eval` and `check` read
     them); none when there is none."""
-    from specguard.daemon.runtime import STORE_FILE
+    from specguard.daemon.wiring import STORE_FILE
     from specguard.store.commits import load_states_read_only
 
     path = loaded.config.resolved_state_dir() / STORE_FILE

@@ -135,8 +135,8 @@ async def _evaluate_once(
     """The rows, and the seconds the scrapes spanned (None: Prometheus, over each whole window);
     what the source could not read goes to ``failures``."""
     from specguard.daemon.evaluation import evaluate_rule, window_of
-    from specguard.daemon.runtime import make_source
     from specguard.daemon.status import detector_row
+    from specguard.daemon.wiring import make_source
 
     source = make_source(loaded)
     rows: list[dict[str, Any]] = []

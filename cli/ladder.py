@@ -115,7 +115,7 @@ async def _post(url: str, body: dict[str, Any], headers: dict[str, str], wait: f
 
 
 def _show(args: argparse.Namespace, loaded: Any, found: dict[str, Any]) -> int:
-    from specguard.daemon.runtime import STORE_FILE
+    from specguard.daemon.wiring import STORE_FILE
     from specguard.store.database import StoreError, opened
     from specguard.store.memory import StoreMemory
 

@@ -16,7 +16,7 @@ def state_database(
     """The state database of the config's state_dir (or --state-dir); None, said, when there is
     none or the config is wrong. The loaded config goes to ``loaded_out``."""
     from specguard.config.loading import load
-    from specguard.daemon.runtime import STORE_FILE
+    from specguard.daemon.wiring import STORE_FILE
 
     overrides = {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
     loaded = load(args.config, (), overrides)

@@ -1,8 +1,11 @@
-"""One rule, evaluated once: query the source, resolve each series' threshold, run the engine.
+"""One rule, evaluated once: the rule in the engine's terms, what it reads, the engine's judgement.
 
-Shared by the daemon's rounds and ``specguard eval``. Derived signals are computed here, from the
-signals they are made of: ``estimated_speedup`` is the mean acceptance length divided by
-``1 + k c``, with k read from vLLM's per-position series and c from the baseline of the series' model.
+Shared by the daemon's rounds and ``specguard eval``. ``evaluate_rule`` reads top to bottom and
+calls only downwards: the rule's spec and threshold (here), its reading (``readings``: the source's
+answer, and derived signals such as estimated_speedup), then the pure engine: ``engine.states``
+for a rule with a condition; for a ``detect:`` rule ``engine.detection``, which steps each series'
+detector and has ``engine.states`` judge its statistic. What the detectors' warm-ups found is said
+last. An alert rule reads the alert book instead of the source.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from collections.abc import Iterable, Mapping
 
 from specguard.config.loading import LoadedRule
 from specguard.daemon.alertmanager.book import AlertBook, Receipt
+from specguard.daemon.readings import NO_BASELINE, read
 from specguard.engine import detection
-from specguard.engine.states import Outcome, RuleSpec, Threshold, ThresholdFor, evaluate, series_key
+from specguard.engine.states import Outcome, RuleSpec, Threshold, ThresholdFor, evaluate
 from specguard.rules.conditions import MissingBaseline
-from specguard.rules.signals import CATALOG, Kind, Signal, get_signal
-from specguard.sources.base import Invalid, Source, SourceResult
+from specguard.rules.signals import Kind, get_signal
+from specguard.sources.base import Source, SourceResult
 from specguard.store.baseline import Baseline
 from specguard.store.records import SCHEDULE, SeriesState, State
 
@@ -25,6 +29,52 @@ log = logging.getLogger("specguard")
 
 FORGET_AFTER_WINDOWS = 5  # a series absent for 5 windows is forgotten, unless the rule says otherwise
 DETECTOR_FORGET_AFTER = 7 * 86400.0  # a detector's series: a week
+
+NO_ALERTS = (
+    "an alert rule is fed by Alertmanager's webhook: `specguard run` receives its alerts "
+    "(`eval --alerts FILE` evaluates it on a saved delivery)"
+)
+
+
+async def evaluate_rule(
+    item: LoadedRule,
+    source: Source,
+    baseline: Baseline | None,
+    previous: Mapping[str, SeriesState],
+    now: float,
+    interval: float,
+    alerts: AlertBook | None = None,
+    trigger: str = SCHEDULE,
+    touched: Iterable[Receipt] | None = None,
+) -> tuple[Outcome, SourceResult]:
+    """The engine's outcome, and the source's answer it was computed from.
+
+    An alert rule reads ``alerts`` and its outcome holds only the series it evaluated (see
+    evaluate_alert_rule); ``trigger`` says what asked for this evaluation.
+    """
+    if item.rule.alert_only:
+        if alerts is None:
+            failed = SourceResult.failed(NO_ALERTS)
+            return evaluate(spec_of(item, interval), failed, 0.0, previous, now, trigger), failed
+        return evaluate_alert_rule(item, alerts, previous, now, interval, trigger, touched), SourceResult()
+    spec = spec_of(item, interval)
+    window = window_of(item, interval)
+    detect = item.rule.detect
+    if detect is not None:  # one window per evaluation: the rule's interval
+        reading = await read(item, source, baseline, window)
+        outcome, judged = detection.evaluate(detect, window, spec, reading, previous, baseline, now, trigger)
+        _say_detectors(item.name, judged)
+        return outcome, reading
+    threshold = thresholds(item, baseline)
+    # Not read when the threshold cannot be known: the rule's error is the missing baseline.
+    reading = await read(item, source, baseline, window) if not isinstance(threshold, str) else SourceResult()
+    return evaluate(spec, reading, threshold, previous, now, trigger), reading
+
+
+def window_of(item: LoadedRule, interval: float) -> float:
+    """The window a rule reads: its own, or for a detector one interval (a window per evaluation)."""
+    rule = item.rule
+    return (rule.interval or interval) if rule.detect is not None else rule.window
 
 
 def spec_of(item: LoadedRule, interval: float) -> RuleSpec:
@@ -49,12 +99,6 @@ def spec_of(item: LoadedRule, interval: float) -> RuleSpec:
     )
 
 
-def window_of(item: LoadedRule, interval: float) -> float:
-    """The window a rule reads: its own, or for a detector one interval (a window per evaluation)."""
-    rule = item.rule
-    return (rule.interval or interval) if rule.detect is not None else rule.window
-
-
 def thresholds(item: LoadedRule, baseline: Baseline | None) -> Threshold | ThresholdFor:
     """The number to compare with; or, for a baseline-relative condition, one per series (the
     baseline entry of the series' model); or why it cannot be known at all."""
@@ -64,7 +108,7 @@ def thresholds(item: LoadedRule, baseline: Baseline | None) -> Threshold | Thres
         and get_signal(item.rule.signal).kind is Kind.SPEEDUP
         and baseline is None
     ):
-        return _NO_BASELINE
+        return NO_BASELINE
     if condition.baseline_signal is None:
         return condition.threshold(None)
     if baseline is None:
@@ -80,71 +124,6 @@ def thresholds(item: LoadedRule, baseline: Baseline | None) -> Threshold | Thres
         return value if isinstance(value, str) else condition.factor * value
 
     return per_series
-
-
-async def read_signal(
-    item: LoadedRule, signal: Signal, source: Source, baseline: Baseline | None, window: float
-) -> SourceResult:
-    """The rule's signal over ``window``, grouped and selected as the rule says."""
-    if signal.kind is not Kind.SPEEDUP:
-        return await source.query_signal(signal, window, item.group_by, item.matchers, item.keep_intrinsic)
-    length, positions = [
-        await source.query_signal(CATALOG[name], window, item.group_by, item.matchers, item.keep_intrinsic)
-        for name in signal.inputs
-    ]
-    return speedup(signal, length, positions, baseline)
-
-
-def speedup(
-    signal: Signal, length: SourceResult, positions: SourceResult, baseline: Baseline | None
-) -> SourceResult:
-    """mean acceptance length / (1 + k c), series by series (Leviathan et al., Theorem 3.8)."""
-    failed = length.error or positions.error
-    if failed is not None:
-        return SourceResult.failed(failed)
-    k_of = {series_key(series.labels): series.value for series in positions.series}
-    good: list[tuple[Mapping[str, str], float]] = []
-    bad: list[Invalid] = [*length.invalid, *positions.invalid]
-    for series in length.series:
-        k = k_of.get(series_key(series.labels))
-        if k is None:
-            continue  # no per-position series: no data
-        cost = baseline.draft_cost(series.labels) if baseline is not None else _NO_BASELINE
-        if isinstance(cost, str):
-            bad.append(Invalid(series.labels, cost))
-            continue
-        good.append((series.labels, series.value / (1 + k * cost)))
-    checked = SourceResult.checked(signal, good, length.warming | positions.warming)
-    return SourceResult(
-        series=checked.series,
-        invalid=(*checked.invalid, *bad),
-        warming=checked.warming,
-        detail=dict(length.detail),
-    )
-
-
-_NO_BASELINE = (
-    "estimated_speedup needs the draft's cost per step: configure a baseline file whose entry for the "
-    "model gives speculative.method or speculative.draft_cost"
-)
-
-
-NO_ALERTS = (
-    "an alert rule is fed by Alertmanager's webhook: `specguard run` receives its alerts "
-    "(`eval --alerts FILE` evaluates it on a saved delivery)"
-)
-
-
-async def query(
-    item: LoadedRule, source: Source, baseline: Baseline | None = None, interval: float | None = None
-) -> SourceResult:
-    """The rule's query over its window (a detector's: one ``interval``, the config's by default)."""
-    rule = item.rule
-    if rule.expr is not None:
-        return await source.query_expr(rule.expr)
-    assert rule.signal is not None
-    window = window_of(item, interval if interval is not None else rule.window)
-    return await read_signal(item, get_signal(rule.signal), source, baseline, window)
 
 
 def evaluate_alert_rule(
@@ -185,9 +164,15 @@ def evaluate_alert_rule(
     return evaluate(spec_of(item, interval), result, thresholds(item, None), before, now, trigger)
 
 
-def _say_warmups(rule: str, judged: detection.Judged) -> None:
-    """What the warm-ups' checks found, once each: the first check of a run that finds a shift, the
-    calibration that ends such a run, a warm-up let go on an upgrade."""
+def _say_detectors(rule: str, judged: detection.Judged) -> None:
+    """What the detectors found, once each: a calibration that no longer applies (the new state keeps
+    the settings it is measured under), and the warm-ups' checks: the first check of a run that
+    finds a shift, the calibration that ends such a run, a warm-up let go on an upgrade."""
+    for key, why in judged.recalibrated.items():
+        log.warning(
+            "%s: series %s warms up again: %s, so its phi and in_control were measured on other windows",
+            rule, key, why, extra={"rule": rule, "labels": json.loads(key)},
+        )  # fmt: skip
     for key, why in judged.restarted.items():
         log.warning(
             "%s: series %s starts its warm-up again: %s",
@@ -203,49 +188,3 @@ def _say_warmups(rule: str, judged: detection.Judged) -> None:
             "%s: series %s calibrates: %s",
             rule, key, how, extra={"rule": rule, "labels": json.loads(key)},
         )  # fmt: skip
-
-
-async def evaluate_rule(
-    item: LoadedRule,
-    source: Source,
-    baseline: Baseline | None,
-    previous: Mapping[str, SeriesState],
-    now: float,
-    interval: float,
-    alerts: AlertBook | None = None,
-    trigger: str = SCHEDULE,
-    touched: Iterable[Receipt] | None = None,
-) -> tuple[Outcome, SourceResult]:
-    """The engine's outcome, and the source's answer it was computed from.
-
-    An alert rule reads ``alerts`` and its outcome holds only the series it evaluated (see
-    evaluate_alert_rule); ``trigger`` says what asked for this evaluation.
-    """
-    if item.rule.alert_only:
-        if alerts is None:
-            failed = SourceResult.failed(NO_ALERTS)
-            return evaluate(spec_of(item, interval), failed, 0.0, previous, now, trigger), failed
-        return evaluate_alert_rule(item, alerts, previous, now, interval, trigger, touched), SourceResult()
-    detect = item.rule.detect
-    if detect is not None:
-        every = item.rule.interval or interval
-        answer = await query(item, source, baseline, every)
-        judged = detection.judge(detect, every, answer, previous, baseline, now)
-        for key, why in judged.recalibrated.items():
-            # Once: the new state keeps the settings it is measured under.
-            log.warning(
-                "%s: series %s warms up again: %s, so its phi and in_control were measured on other windows",
-                item.name,
-                key,
-                why,
-                extra={"rule": item.name, "labels": json.loads(key)},
-            )
-        _say_warmups(item.name, judged)
-        h = detection.h_of(detect, every)
-        outcome = evaluate(spec_of(item, interval), judged.result, h, previous, now, trigger)
-        return detection.settle(outcome, judged, previous, now), answer
-    threshold = thresholds(item, baseline)
-    result = (
-        await query(item, source, baseline, interval) if not isinstance(threshold, str) else SourceResult()
-    )
-    return evaluate(spec_of(item, interval), result, threshold, previous, now, trigger), result

@@ -1,10 +1,10 @@
 """The daemon's whole state as one document: what ``/api/status`` returns, ``specguard status``
 prints and the page at ``/`` shows.
 
-The runtime's own view (rules, targets, the flags' plans and trouble, the runs that wait) is in
-memory; what lives in the store is read here: the silences in force or to come, what each feature
-flag was last confirmed to be, each ladder's k, and what every action says of itself
-(``Action.state``: a notifier's backlog and last error). A store that cannot be read leaves those parts out, with
+The daemon's own view (``self_status.status``: rules, targets, the flags' plans and trouble, the
+runs that wait) is in memory; what lives in the store is read here: the silences in force or to
+come, what each feature flag was last confirmed to be, each ladder's k, and what every action says
+of itself (``Action.state``: a notifier's backlog and last error). A store that cannot be read leaves those parts out, with
 the reason, and the rest is still shown.
 """
 
@@ -40,7 +40,7 @@ async def gather(
     now: float,
     started_at: float,
 ) -> dict[str, Any]:
-    """``status`` (the runtime's ``status()``) with the daemon's health, its clock, the silences,
+    """``status`` (``self_status.status``) with the daemon's health, its clock, the silences,
     the flags' confirmed states and the ladders."""
     healthy, body = health
     out: dict[str, Any] = {

@@ -267,8 +267,8 @@ async def take(
         stored = await daemon.deliver(message, now)
         # What the daemon's alert loop does with what a delivery queued: the book learns the
         # alerts, and every rule they concern is evaluated at once.
-        while not daemon._alert_queue.empty():
-            await daemon._act_on_alerts(daemon._alert_queue.get_nowait())
+        while not daemon.intake.queue.empty():
+            await daemon.intake._act_on_alerts(daemon.intake.queue.get_nowait())
         deliveries.append({"at": shown(now, start), "new": len(stored.new), "duplicates": stored.duplicates})
 
 

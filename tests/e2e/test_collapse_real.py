@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from specguard.config.loading import builtin_pack, load
-from specguard.daemon.runtime import scrape_every
+from specguard.daemon.wiring import scrape_every
 from tests.e2e.realclient import VllmServer, traffic_loop
 from tests.processes import Daemon
 

@@ -96,7 +96,7 @@ async def post(
 async def settled(daemon: Daemon) -> None:
     """Until every stored alert has been acted on (state, not time: a loaded machine takes longer)."""
     for _ in range(400):
-        if daemon._alert_queue.empty() and not daemon._rounds:
+        if daemon.intake.queue.empty() and not daemon.busy:
             rows = sqlite3.connect(daemon.store.path).execute(
                 "SELECT COUNT(*) FROM alert_receipts WHERE processed IS NULL"
             )
@@ -238,7 +238,7 @@ async def test_a_stop_while_alerts_are_acted_on_lets_them_finish_and_no_more(
     source.delay = 0.5  # the triggered signal rule reads slowly: the stop comes in the middle
     assert (await post(daemon, message(alert(LOW))))[0] == 200
     for _ in range(400):
-        if daemon._rounds and source.queries:
+        if daemon.busy and source.queries:
             break
         await asyncio.sleep(0.01)
     await daemon.shutdown()

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from specguard.common.sequential import Dispersion, kl, llr, threshold
-from specguard.engine.detection import DetectorState, calibration_of
+from specguard.engine.detector_state import DetectorState, calibration_of
 from specguard.engine.states import series_key
 from specguard.rules.schema import Rule
 from specguard.rules.signals import CATALOG

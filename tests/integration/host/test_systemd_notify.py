@@ -32,7 +32,7 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from specguard.config.loading import load
-from specguard.daemon import runtime
+from specguard.daemon import reload, runtime, self_status
 from specguard.rules.signals import Signal
 from specguard.sources.base import SourceResult
 from tests.notify_socket import NotifySocket, notify_socket
@@ -287,7 +287,7 @@ async def test_a_stop_during_a_reload_is_the_last_word(
         held.wait(timeout=60)  # the reload is in the middle of reading its config
         return load(*args, **kwargs)
 
-    monkeypatch.setattr(runtime, "load", held_load)
+    monkeypatch.setattr(reload, "load", held_load)
     running = asyncio.ensure_future(daemon.run_until_stopped())
     try:
         await asyncio.to_thread(notified.wait_for, "READY=1", 30)
@@ -333,5 +333,5 @@ async def test_a_round_that_ends_during_the_stop_says_nothing_after_it(
     await asyncio.to_thread(_settled, notified)
     # The round did finish, and changed what STATUS= would say: the check below is not vacuous.
     assert [s.state.value for s in daemon.states["low"].values()] == ["resolved"]
-    assert daemon._status_line() == "1 rule; none firing"
+    assert self_status.status_line(daemon) == "1 rule; none firing"
     assert _after_stopping(notified) == []

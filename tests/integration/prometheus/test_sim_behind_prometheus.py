@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specguard.daemon.evaluation import speedup
+from specguard.daemon.readings import speedup
 from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, Signal
 from specguard.sim.options import SimOptions, SpeculativeConfig
 from specguard.sim.server import Simulator, start_simulator

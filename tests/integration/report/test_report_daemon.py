@@ -131,8 +131,8 @@ async def test_a_missed_report_is_made_once_at_start_and_posted_once_with_its_ch
     again = Daemon(load(config), config, reports=weekly)
     await again.start(handle_signals=False)
     try:
-        await again._catch_up_report()  # what the start does, awaited here
-        await again._weekly_report(scheduled)  # and the schedule's own run at the same time
+        await again.jobs.catch_up_report()  # what the start does, awaited here
+        await again.jobs.weekly_report(scheduled)  # and the schedule's own run at the same time
         assert len(await made(again)) == 1
         assert {p: p.stat().st_mtime_ns for p in written} == written
         await asyncio.sleep(0.5)  # an outbox pass, were anything queued again
@@ -140,7 +140,7 @@ async def test_a_missed_report_is_made_once_at_start_and_posted_once_with_its_ch
         # A crash after the report went to the outbox but before it was recorded as made: the
         # next run makes it again, and Slack still gets it once.
         await again.store.call(lambda db: db.execute("DELETE FROM reports"))
-        await again._weekly_report(scheduled)
+        await again.jobs.weekly_report(scheduled)
         assert len(await made(again)) == 1
         await asyncio.sleep(0.5)
         assert len([m for m in slack.posted() if not m.get("files")]) == 1
@@ -154,7 +154,7 @@ async def test_a_first_start_makes_no_report_for_a_time_before_it(tmp_path: Path
     daemon = Daemon(load(config), config, reports=weekly)
     await daemon.start(handle_signals=False)
     try:
-        await daemon._catch_up_report()
+        await daemon.jobs.catch_up_report()
         assert await made(daemon) == []
         since = await daemon.store.call(
             lambda db: db.execute("SELECT value FROM meta WHERE key='reports_scheduled_since'").fetchone()[0]
@@ -219,10 +219,10 @@ async def test_a_report_that_could_not_be_queued_for_slack_is_not_recorded_as_ma
     try:
         actions = daemon.dispatcher.actions
         daemon.dispatcher.actions = {}  # the queueing fails: as if the daemon died before it
-        await daemon._weekly_report(scheduled)
+        await daemon.jobs.weekly_report(scheduled)
         assert await made(daemon) == []  # so the next run makes it again
         daemon.dispatcher.actions = actions
-        await daemon._weekly_report(scheduled)
+        await daemon.jobs.weekly_report(scheduled)
         assert len(await made(daemon)) == 1
         await wait_for(lambda: _posted(slack))
         assert len([m for m in slack.posted() if not m.get("files")]) == 1
@@ -244,7 +244,7 @@ async def test_the_schedules_own_run_makes_the_report_of_the_period_before_its_t
     daemon = Daemon(load(config), config, reports=weekly)
     await daemon.start(handle_signals=False)
     try:
-        await daemon._weekly_report()
+        await daemon.jobs.weekly_report()
         after = time.time() // 60 * 60
         rows = await made(daemon)
         assert rows and rows[-1]["scheduled"] in (before, after)  # the minute the call ran in
@@ -252,7 +252,7 @@ async def test_the_schedules_own_run_makes_the_report_of_the_period_before_its_t
         assert rows[-1]["period_from"] == rows[-1]["scheduled"] - 7 * 86400
         count = len(rows)
         if time.time() // 60 * 60 == rows[-1]["scheduled"]:  # still the same minute: the same report
-            await daemon._weekly_report()
+            await daemon.jobs.weekly_report()
             assert len(await made(daemon)) == count
     finally:
         await daemon.shutdown()

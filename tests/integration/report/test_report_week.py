@@ -161,7 +161,7 @@ async def _play(tmp: Path, clock: Clock) -> dict[str, Any]:
             timeline.advance(server, minute)
             daemon.source.ingest(urls[server.instance], timeline.exposition(server), clock.now)
         scrapes.append(clock.now)
-        await daemon._record_history(daemon.source)
+        await daemon.jobs.record_history(daemon.source)
         if minute >= MONDAY:
             await daemon.evaluate_round()
             await daemon.dispatcher.run()  # restores whose quiet period is over

@@ -180,7 +180,7 @@ async def test_a_store_that_cannot_write_freezes_states_says_so_once_and_recover
     try:
         assert daemon.scheduler is not None
         daemon.scheduler.pause()  # the test runs the rounds itself, one at a time
-        while daemon._rounds:
+        while daemon.busy:
             await asyncio.sleep(0.01)
         await daemon.evaluate_round()
         assert daemon.states["low"]['{"instance":"h:1"}'].state.value == "firing"

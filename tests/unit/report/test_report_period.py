@@ -56,7 +56,7 @@ async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) 
 async def periods(daemon: Daemon, scheduled: list[float]) -> list[tuple[float, float]]:
     """The periods the daemon records for the reports scheduled at ``scheduled``, made in order."""
     for moment in scheduled:
-        await daemon._weekly_report(moment)
+        await daemon.jobs.weekly_report(moment)
     rows = await daemon.store.call(
         lambda db: db.execute("SELECT period_from, period_to FROM reports ORDER BY scheduled").fetchall()
     )

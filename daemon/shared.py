@@ -1,0 +1,66 @@
+"""What the parts of the running daemon share: the loaded config, its metrics, the store, the
+source, the dispatcher, the series' states and the alert book; and how a store that cannot be
+written is noted (once per change)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from specguard.config.loading import Loaded, LoadedRule
+from specguard.daemon import systemd
+from specguard.daemon.alertmanager.book import AlertBook
+from specguard.daemon.overruns import Overruns
+from specguard.daemon.wiring import STORE_FILE, make_history_source, make_source
+from specguard.dispatch import Dispatcher
+from specguard.metrics.registry import DaemonMetrics
+from specguard.sources.base import Source
+from specguard.store.database import Store
+from specguard.store.records import EventRecord, SeriesState
+
+log = logging.getLogger("specguard")
+
+
+class Shared:
+    """Built from the config at the start; a reload replaces ``loaded``, the sources and the alert
+    book, and tells the dispatcher the new rules and actions."""
+
+    def __init__(self, loaded: Loaded) -> None:
+        self.loaded = loaded
+        self.metrics = DaemonMetrics()
+        self.overruns = Overruns(self.metrics)
+        self.metrics.show_baseline(loaded.baseline)
+        self.metrics.show_rules(r.name for r in loaded.enabled_rules())
+        self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
+        self.source: Source = make_source(loaded)
+        # With the Prometheus source, the servers whose history is kept are scraped for it alone.
+        self.history_source: Any = make_history_source(loaded.config)
+        self.dispatcher = Dispatcher(
+            self.store, loaded.actions, loaded.config.dry_run, self.metrics, rules=loaded.rules
+        )
+        # What Alertmanager has said, alert by alert, of the alerts some rule watches: the others
+        # are only stored (a reload that adds a rule reads them back from the store).
+        self.alerts = AlertBook()
+        self.states: dict[str, dict[str, SeriesState]] = {}
+        self.rule_errors: dict[str, str | None] = {}
+        self.rule_verdicts: dict[str, tuple[str, str | None]] = {}  # rule -> (verdict, why) without series
+        self.store_error: str | None = None  # why the store cannot be written, while it cannot
+        self.started_at = time.time()
+        self.last_round: float | None = None
+        self.last_round_of: dict[float, float | None] = {}  # interval -> when its last round finished
+        self.notifier = systemd.Notifier()
+        self.status_told: str | None = None  # the last STATUS= sent
+        # Evaluation rounds and batches of alerts in progress: a stop lets them finish.
+        self.busy: set[asyncio.Task[Any]] = set()
+        # Called with each recorded event after it is stored: how an embedding program (the demo)
+        # follows what the daemon decides.
+        self.on_event: list[Callable[[LoadedRule, EventRecord], None]] = []
+
+    def store_failed(self, message: str) -> None:
+        self.metrics.store_errors.inc()
+        if message != self.store_error:  # once per change, not once per rule and round
+            log.error("%s: rules are evaluated but nothing changes until it can be written", message)
+        self.store_error = message
