@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specguard.cli.options import add_config
-from specguard.cli.statedb import state_database
+from specguard.cli.shared.options import add_config
+from specguard.cli.shared.statedb import state_database
 
 PAGES_PER_STEP = 1024  # the daemon's writes wait at most one step's copy (a few ms)
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specguard.cli import detectors
-from specguard.cli.options import add_config
-from specguard.cli.printing import print_problems
+from specguard.cli.shared import detectors
+from specguard.cli.shared.options import add_config
+from specguard.cli.shared.printing import print_problems
 
 
 def add_parser(sub: Any) -> None:

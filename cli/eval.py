@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specguard.cli import detectors, reading, rulenames, unread
-from specguard.cli.options import add_config, add_source_overrides, overrides
-from specguard.cli.printing import print_columns, print_problems
+from specguard.cli import reading, unread
+from specguard.cli.shared import detectors, rulenames
+from specguard.cli.shared.options import add_config, add_source_overrides, overrides
+from specguard.cli.shared.printing import print_columns, print_problems
 from specguard.daemon.statusview import detector_line
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from specguard import __version__
-from specguard.cli.options import add_config
-from specguard.cli.printing import print_problems
+from specguard.cli.shared.options import add_config
+from specguard.cli.shared.printing import print_problems
 
 
 def _duration_arg(text: str) -> float:

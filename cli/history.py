@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specguard.cli import rulenames
-from specguard.cli.options import add_config
-from specguard.cli.printing import print_columns
-from specguard.cli.statedb import state_database
+from specguard.cli.shared import rulenames
+from specguard.cli.shared.options import add_config
+from specguard.cli.shared.printing import print_columns
+from specguard.cli.shared.statedb import state_database
 
 
 def add_parser(sub: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from specguard.cli.options import add_config
+from specguard.cli.shared.options import add_config
 
 
 def add_parser(sub: Any) -> None:

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from specguard.cli.options import add_config
-from specguard.cli.statedb import state_database
+from specguard.cli.shared.options import add_config
+from specguard.cli.shared.statedb import state_database
 
 FORMATS = ("html", "md", "json")
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specguard.cli import options
-from specguard.cli.printing import print_problems
+from specguard.cli.shared import options
+from specguard.cli.shared.printing import print_problems
 
 
 def add_parser(sub: Any) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from specguard.cli.options import add_config
+from specguard.cli.shared.options import add_config
 from specguard.daemon.statusview import Cell, Condition, Section, Tone, View, build
 
 MAX_BODY = 64 * 1024 * 1024  # a status of many thousands of series is a few MB

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specguard.cli.printing import print_problems
+from specguard.cli.shared.printing import print_problems
 
 
 def state_database(
