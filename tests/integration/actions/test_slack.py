@@ -4,7 +4,6 @@ in the middle of an outage: nothing lost, nothing doubled."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -21,6 +20,7 @@ from specguard.sim.slack_api import TOKEN, Fault, SlackApi
 from specguard.store.database import Store
 from specguard.store.memory import StoreMemory
 from specguard.store.records import RunOutcome
+from tests.slack_outbox import deliver
 
 LABELS = {"instance": "vllm-a:8000", "model_name": "llama-8b"}
 SERIES = json.dumps(LABELS, sort_keys=True)
@@ -64,18 +64,6 @@ def ctx(store: Store, event: str, at: float, event_id: int = 1, **extra: Any) ->
         memory=StoreMemory(store, "oncall"),
         **extra,
     )
-
-
-async def deliver(slack_action: SlackAction, store: Store, until: float = 10.0) -> None:
-    """Tick the action until its outbox is empty (as the dispatcher's loop does)."""
-    memory = StoreMemory(store, "oncall")
-    deadline = time.monotonic() + until
-    while time.monotonic() < deadline:
-        due = await slack_action.tick(memory)
-        if due is None:
-            return
-        await asyncio.sleep(max(0.0, min(0.2, due - time.time())))
-    raise AssertionError(f"the outbox was not emptied: {await memory.read('outbox')}")
 
 
 def texts(blocks: list[dict[str, Any]]) -> str:

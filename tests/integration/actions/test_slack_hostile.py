@@ -26,6 +26,7 @@ from specguard.sim.slack_api import TOKEN, Fault, SlackApi
 from specguard.store.database import Store
 from specguard.store.memory import StoreMemory
 from specguard.store.records import RunOutcome
+from tests.slack_outbox import deliver
 
 LABELS = {"instance": "vllm-a:8000", "model_name": "llama-8b"}
 SERIES = json.dumps(LABELS, sort_keys=True)
@@ -67,18 +68,6 @@ def ctx(store: Store, event: str, event_id: int = 1) -> ActionContext:
     )
 
 
-async def deliver(oncall: SlackAction, store: Store, until: float = 30.0) -> None:
-    """Tick the action until its outbox is empty (as the dispatcher's loop does)."""
-    memory = StoreMemory(store, "oncall")
-    deadline = time.monotonic() + until
-    while time.monotonic() < deadline:
-        due = await oncall.tick(memory)
-        if due is None:
-            return
-        await asyncio.sleep(max(0.0, min(0.2, due - time.time())))
-    raise AssertionError(f"the outbox was not emptied: {await memory.read('outbox')}")
-
-
 async def outbox(store: Store) -> dict[str, Any]:
     value: dict[str, Any] = await StoreMemory(store, "oncall").read("outbox")
     return value
@@ -115,7 +104,7 @@ async def test_retry_after_is_read_finite_and_capped_at_max_backoff(
     assert item["attempts"] == 1 and math.isfinite(item["due"])
     # due: the time of the 429 (between before and after) plus the wait
     assert before + least - 0.01 <= item["due"] <= after + most + 0.01, (value, item["due"] - before)
-    await deliver(oncall, store)
+    await deliver(oncall, store, until=30.0)
     assert len(sent(slack, webhook)) == 1
 
 
@@ -128,7 +117,7 @@ async def test_a_notice_stored_due_at_infinity_is_delivered_after_a_restart(
     await store.open()
     first = action(slack, tmp_path)
     await first.run(ctx(store, "firing"))
-    await deliver(first, store)
+    await deliver(first, store, until=30.0)
     await first.observe(  # news of the incident: a reply, then the parent's edit, behind it
         RunOutcome("acceptance_critical", SERIES, "firing", "fallback", "run", "ok", "fallback engaged", time.time()),
         StoreMemory(store, "oncall"),
@@ -221,7 +210,7 @@ async def test_an_800_mb_answer_fails_the_attempt_and_memory_stays_bounded(
     assert growth < 50 * 1024 * 1024, f"{growth / 2**20:.0f} MiB more at the peak"
     state = await oncall.state(StoreMemory(store, "oncall"))
     assert state["backlog"] == 1 and "max_response_size" in state["last_error"]
-    await deliver(oncall, store)
+    await deliver(oncall, store, until=30.0)
     if webhook:  # a webhook cannot be read back: at least once
         assert len(sent(slack, webhook)) >= 1
     else:  # the huge answer came after the post was done: found by its metadata, not posted again
@@ -262,12 +251,12 @@ async def test_a_permanent_error_fails_the_notice_for_good_and_says_so_once(
 
     # its incident's later notices have no thread to go in: failed too, never sent to channel None
     await oncall.run(ctx(store, "resolved"))
-    await deliver(oncall, store)
+    await deliver(oncall, store, until=30.0)
     assert [name for name, _, _ in slack.calls] == ["chat.postMessage"]
     assert (await oncall.state(memory))["failing"] == 3
     # and the next incident is not held up by them
     await oncall.run(ctx(store, "firing", event_id=2))
-    await deliver(oncall, store)
+    await deliver(oncall, store, until=30.0)
     (posted,) = slack.posted()
     assert posted["metadata"]["event_payload"]["notice"] == 4
     # Slack takes notices again: nothing is failing now, and the three failed are still counted
@@ -310,7 +299,7 @@ async def test_errors_that_waiting_may_mend_are_retried(
     await oncall.tick(memory)
     state = await oncall.state(memory)
     assert state["backlog"] == 1 and state["failing"] == 0 and state["next_try"] > time.time() - 1
-    await deliver(oncall, store)
+    await deliver(oncall, store, until=30.0)
     assert len(slack.posted()) == 1
     assert (await oncall.state(memory))["backlog"] == 0
 
@@ -328,12 +317,12 @@ async def test_ok_without_channel_and_ts_is_not_a_delivery(
     await oncall.tick(memory)
     state = await oncall.state(memory)
     assert state["backlog"] == 1 and "no channel and ts" in state["last_error"]
-    await deliver(oncall, store)
+    await deliver(oncall, store, until=30.0)
     (parent,) = slack.posted()  # found by its metadata on the next try: not posted again
     incident = next(iter((await outbox(store))["incidents"].values()))
     assert (incident["channel"], incident["ts"]) == ("C0ONCALL", parent["ts"])
     await oncall.run(ctx(store, "resolved"))
-    await deliver(oncall, store)
+    await deliver(oncall, store, until=30.0)
     assert [m["channel"] for m in slack.posted()] == ["C0ONCALL", "C0ONCALL"]
     assert slack.posted()[1]["thread_ts"] == parent["ts"] and parent["edits"] == 1
 
