@@ -122,6 +122,69 @@ def totals(page: str) -> Totals:
     return Totals(accepted, drafts, draft_tokens, full, expected)
 
 
+# The largest count a float holds exactly: a counter past it cannot be told from its neighbours.
+MOST_COUNT = float(2**53)
+_COUNTERS = {
+    "accepted": "accepted tokens",
+    "drafts": "drafts",
+    "draft_tokens": "draft tokens",
+    "full": "drafts accepted whole",
+    "expected_tokens": "drafts times their length",
+}
+
+
+class ImpossibleCounters(Exception):
+    """A /metrics page whose speculative-decoding counters, or what they grew by, cannot be so;
+    the message says what."""
+
+
+class CountersWentBack(ImpossibleCounters):
+    """The counters went back since the last page: the server restarted."""
+
+
+class Counters:
+    """The server's speculative-decoding counters, read page after page and checked: whole,
+    finite counts that never go back, and never more tokens accepted than drafted. Every probe of
+    acceptance (the canary's and the restart's) reads its pages through one."""
+
+    def __init__(self) -> None:
+        self.last: Totals | None = None
+
+    def read(self, page: str) -> Totals:
+        """The page's totals; ImpossibleCounters when they, or what they grew by since the last page,
+        cannot be so."""
+        try:
+            now = totals(page)
+        except (ValueError, ArithmeticError, LookupError, TypeError) as exc:
+            reason = str(exc)[:200] or type(exc).__name__
+            raise ImpossibleCounters(f"GET /metrics is not a Prometheus page: {reason}") from None
+        for name, said in _COUNTERS.items():
+            value = getattr(now, name)
+            if not (math.isfinite(value) and 0 <= value <= MOST_COUNT and float(value).is_integer()):
+                raise ImpossibleCounters(
+                    f"GET /metrics counts {value:g} {said}: not a count a server can have"
+                )
+        last, self.last = self.last, now
+        if last is None:
+            return now
+        step = now.minus(last)
+        if min(step.accepted, step.drafts, step.draft_tokens, step.full) < 0:
+            raise CountersWentBack("the server's counters went back (it restarted): try again later")
+        if step.accepted > step.draft_tokens:
+            grew = f"{step.accepted:,.0f} tokens accepted of {step.draft_tokens:,.0f} drafted"
+            if step.draft_tokens == 0:
+                raise ImpossibleCounters(f"acceptance is impossible: {grew}")
+            raise ImpossibleCounters(
+                f"acceptance {step.accepted / step.draft_tokens:.2f} is impossible: accepted tokens "
+                f"grew faster than draft tokens ({grew})"
+            )
+        if step.full > step.drafts:
+            raise ImpossibleCounters(
+                f"{step.full:,.0f} drafts accepted whole of {step.drafts:,.0f} drafted is impossible"
+            )
+        return now
+
+
 @dataclass(frozen=True)
 class Verdict:
     decision: Decision
@@ -139,19 +202,22 @@ async def sprt_probe(
 ) -> Verdict:
     """Rounds of ``send_round`` (requests of at most ``max_tokens`` tokens each) until Wald's test
     decides; ``what`` names the probe in the detail. Raises what the two callables raise (the
-    caller reports a server that does not answer)."""
+    caller reports a server that does not answer), and ImpossibleCounters for a page whose counters
+    cannot be so; counters that went back (a restart) decide nothing."""
     sprt = params.test(max_tokens)
-    start = before = totals(await read_metrics())
+    counters = Counters()
+    start = before = counters.read(await read_metrics())
     evidence = 0.0
     decision = Decision.UNDECIDED
     done = 0
     while done < params.rounds:
         done += 1
         await send_round()
-        now = totals(await read_metrics())
-        step = now.minus(before)
-        if min(step.accepted, step.drafts, step.full) < 0:
+        try:
+            now = counters.read(await read_metrics())
+        except CountersWentBack:
             return Verdict(Decision.UNDECIDED, f"{what}: the server's counters went back (it restarted)")
+        step = now.minus(before)
         if step.draft_tokens < (1 - SHORT_DRAFTS_TOLERANCE) * step.expected_tokens:
             return Verdict(
                 Decision.UNDECIDED,

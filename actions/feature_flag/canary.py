@@ -8,15 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specguard.actions.acceptance import SprtParams, Totals, sprt_probe, totals
-from specguard.actions.feature_flag.answers import QUOTE, Answer, AnswerError, FollowRedirects, fetch
+from specguard.actions.acceptance import Counters, ImpossibleCounters, SprtParams, sprt_probe
+from specguard.actions.feature_flag.answers import Answer, AnswerError, FollowRedirects, fetch
 from specguard.common.http import MAX_RESPONSE_SIZE
 from specguard.common.secrets import SecretRef
 from specguard.common.sequential import Decision
@@ -91,57 +90,6 @@ class CanaryError(Exception):
     """The canary's server answered something that cannot be so; the message says what."""
 
 
-# The largest count a float holds exactly: a counter past it cannot be told from its neighbours.
-MOST_COUNT = float(2**53)
-_COUNTERS = {
-    "accepted": "accepted tokens",
-    "drafts": "drafts",
-    "draft_tokens": "draft tokens",
-    "full": "drafts accepted whole",
-    "expected_tokens": "drafts times their length",
-}
-
-
-class Counters:
-    """The server's speculative-decoding counters, read page after page and checked: whole,
-    finite counts that never go back, and never more tokens accepted than drafted."""
-
-    def __init__(self) -> None:
-        self.last: Totals | None = None
-
-    def read(self, page: str) -> Totals:
-        """The page's totals; CanaryError when they, or what they grew by since the last page,
-        cannot be so."""
-        try:
-            now = totals(page)
-        except (ValueError, ArithmeticError, LookupError, TypeError) as exc:
-            reason = str(exc)[:QUOTE] or type(exc).__name__
-            raise CanaryError(f"GET /metrics is not a Prometheus page: {reason}") from None
-        for name, said in _COUNTERS.items():
-            value = getattr(now, name)
-            if not (math.isfinite(value) and 0 <= value <= MOST_COUNT and float(value).is_integer()):
-                raise CanaryError(f"GET /metrics counts {value:g} {said}: not a count a server can have")
-        last, self.last = self.last, now
-        if last is None:
-            return now
-        step = now.minus(last)
-        if min(step.accepted, step.drafts, step.draft_tokens, step.full) < 0:
-            raise CanaryError("the server's counters went back (it restarted): try again later")
-        if step.accepted > step.draft_tokens:
-            grew = f"{step.accepted:,.0f} tokens accepted of {step.draft_tokens:,.0f} drafted"
-            if step.draft_tokens == 0:
-                raise CanaryError(f"acceptance is impossible: {grew}")
-            raise CanaryError(
-                f"acceptance {step.accepted / step.draft_tokens:.2f} is impossible: accepted tokens "
-                f"grew faster than draft tokens ({grew})"
-            )
-        if step.full > step.drafts:
-            raise CanaryError(
-                f"{step.full:,.0f} drafts accepted whole of {step.drafts:,.0f} drafted is impossible"
-            )
-        return now
-
-
 class Canary:
     def __init__(
         self,
@@ -173,7 +121,7 @@ class Canary:
                 after = counters.read(await self._get(session, "/metrics"))
         except TimeoutError:
             return CanaryResult(False, f"canary: {p.url} did not answer within {p.timeout:g}s")
-        except (CanaryError, AnswerError) as exc:
+        except (CanaryError, AnswerError, ImpossibleCounters) as exc:
             return CanaryResult(False, f"canary: {exc}"[:CUT])
         except (aiohttp.ClientError, ValueError) as exc:
             return CanaryResult(False, f"canary: {p.url}: {type(exc).__name__}: {exc}"[:CUT])
@@ -212,9 +160,7 @@ class Canary:
             await self._round(session, model)
 
         async def read_metrics() -> str:
-            page = await self._get(session, "/metrics")
-            counters.read(page)  # raises when the page cannot be so
-            return page
+            return await self._get(session, "/metrics")
 
         verdict = await sprt_probe(sprt, read_metrics, send_round, "canary", self.params.max_tokens)
         return CanaryResult(verdict.decision is Decision.RECOVERED, verdict.detail, verdict.alpha)

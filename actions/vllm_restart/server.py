@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from specguard.actions.acceptance import SprtParams, Verdict, sprt_probe
+from specguard.actions.acceptance import ImpossibleCounters, SprtParams, Verdict, sprt_probe
 from specguard.common.http import MAX_RESPONSE_SIZE, TooLarge, json_limited, read_limited
 
 log = logging.getLogger("specguard.action.vllm_restart")
@@ -167,7 +167,7 @@ class Server:
                                 raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
 
                 return await sprt_probe(sprt, metrics, send_round, "acceptance", max_tokens)
-        except TooLarge as exc:
+        except (TooLarge, ImpossibleCounters) as exc:
             raise NotReady(f"acceptance check: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NotReady(f"acceptance check: {type(exc).__name__}: {exc}"[:300]) from None

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specguard.actions.acceptance import SprtParams, sprt_probe, totals
+from specguard.actions.acceptance import ImpossibleCounters, SprtParams, sprt_probe, totals
 from specguard.common.sequential import Decision, Sprt
 from specguard.sim.model import beta_parameters
 
@@ -153,3 +153,18 @@ def test_the_detectors_long_run_phi_would_leave_a_collapse_undecided() -> None:
     right = SprtParams(in_control=0.75, shift_to=0.45).test(16)
     collapsed, _, undecided = decisions(right, 0.45, 4, 16, 0.1)
     assert collapsed > 0.99 and undecided < 0.01
+
+
+@pytest.mark.parametrize(
+    ("pages", "reason"),
+    [
+        ([page(0, 0, 0), page(900, 20, 0)], "acceptance 11.25 is impossible"),
+        ([page(0, 0, 0), page(10, 20, 30)], "30 drafts accepted whole of 20 drafted is impossible"),
+        ([page(0, 0, 0), page(-5, 20, 0)], "counts -5 accepted tokens: not a count"),
+        (["<html>not metrics</html>"], "GET /metrics is not a Prometheus page"),
+    ],
+)
+async def test_every_probe_refuses_counters_that_cannot_be_so(pages: list[str], reason: str) -> None:
+    """The canary's and the restart's probes read pages through the same checks."""
+    with pytest.raises(ImpossibleCounters, match=reason):
+        await _run(pages)
