@@ -176,6 +176,8 @@ async def replay(example: Path, workdir: Path) -> dict[str, Any]:
     loaded = loading.load(config, overrides={"state_dir": str(workdir / "state")})
     assert loaded.ok, "\n".join(str(p) for p in loaded.errors).replace(str(here), str(example))
     timeline = yaml.safe_load((here / "timeline.yaml").read_text())
+    unknown = set(timeline) - {"start", "series", "steps", "until"}
+    assert not unknown, f"{example.name}/timeline.yaml: unknown keys {sorted(unknown)}"
     start = unix(str(timeline.get("start", START)))
     clock = Clock(start)
     with pytest.MonkeyPatch.context() as patch:
@@ -233,6 +235,9 @@ async def play(
     return seen
 
 
+STEP_KEYS = {"at", "read", "silence", "expire_silence", "webhook", "look"}
+
+
 async def take(
     daemon: runtime.Daemon,
     source: TimelineSource,
@@ -241,8 +246,13 @@ async def take(
     start: float,
     deliveries: list[dict[str, Any]],
 ) -> None:
-    """One step of the timeline, at ``now``."""
+    """One step of the timeline, at ``now``. A key or a signal the replay does not know is an
+    error: a typo must not pass as a step that did nothing."""
+    unknown = set(step) - STEP_KEYS
+    assert not unknown, f"timeline step at {step.get('at')}: unknown keys {sorted(unknown)}"
     if "read" in step:
+        unknown = {name for name in step["read"] if name not in signals.CATALOG}
+        assert not unknown, f"timeline step at {step['at']}: no signal named {sorted(unknown)}"
         source.read(step["read"])
     if "silence" in step:
         s = step["silence"]
@@ -392,4 +402,5 @@ def check(example: Path, actual: Mapping[str, Any]) -> None:
 
 
 def examples() -> list[Path]:
-    return sorted(p for p in EXAMPLES.iterdir() if (p / "timeline.yaml").is_file())
+    """Every folder of the corpus (the completeness test checks that each has its files)."""
+    return sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))

@@ -16,7 +16,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from specguard.actions.acceptance import ImpossibleCounters, SprtParams, Verdict, sprt_probe
-from specguard.common.http import MAX_RESPONSE_SIZE, TooLarge, json_limited, read_limited
+from specguard.common.http import MAX_RESPONSE_SIZE, TooLarge, json_limited, read_limited, text_limited
 
 log = logging.getLogger("specguard.action.vllm_restart")
 
@@ -122,12 +122,12 @@ class Server:
                             "max_tokens": max_tokens, "temperature": 0.0}  # fmt: skip
                     async with session.post(self.url + "/v1/completions", json=body) as answer:
                         if answer.status != 200:
-                            text = (await self._text(answer))[:200]
+                            text = (await text_limited(answer, self.limit))[:200]
                             raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
                 async with session.get(self.url + "/metrics") as answer:
                     if answer.status != 200:
                         raise NotReady(f"GET /metrics answered {answer.status}")
-                    page = await self._text(answer)
+                    page = await text_limited(answer, self.limit)
         except TooLarge as exc:
             raise NotReady(f"verification: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -155,7 +155,7 @@ class Server:
                     async with session.get(self.url + "/metrics") as answer:
                         if answer.status != 200:
                             raise NotReady(f"GET /metrics answered {answer.status}")
-                        return await self._text(answer)
+                        return await text_limited(answer, self.limit)
 
                 async def send_round() -> None:
                     for index in range(requests):
@@ -163,7 +163,7 @@ class Server:
                                 "max_tokens": max_tokens, "temperature": temperature}  # fmt: skip
                         async with session.post(self.url + "/v1/completions", json=body) as answer:
                             if answer.status != 200:
-                                text = (await self._text(answer))[:200]
+                                text = (await text_limited(answer, self.limit))[:200]
                                 raise NotReady(f"POST /v1/completions answered {answer.status}: {text}")
 
                 return await sprt_probe(sprt, metrics, send_round, "acceptance", max_tokens)
@@ -184,10 +184,6 @@ class Server:
             return str(body["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
             raise NotReady("/v1/models lists no model") from None
-
-    async def _text(self, answer: aiohttp.ClientResponse) -> str:
-        """An answer's body as text, up to ``max_response_size`` (TooLarge past it)."""
-        return (await read_limited(answer, self.limit)).decode("utf-8", "replace")
 
 
 def _redirect(answer: aiohttp.ClientResponse) -> str:

@@ -11,7 +11,6 @@ restore of the second flag."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tests.integration.daemon.test_hung_dependencies import (
     _read,
     _stop,
     _watch,
+    assert_schedule_held,
     busy,
     rule_state,
     sim,
@@ -35,7 +35,6 @@ from tests.processes import Daemon
 __all__ = ["sim"]  # the simulator fixture, shared with the hung-dependencies test
 
 OBSERVE = 15.0  # seconds the daemon is watched while every dependency is hostile
-MAX_GAP = 6.0  # a hang guard for a 1 s interval on a loaded machine
 RSS_GROWTH = 50 * 1024 * 1024  # bytes: the peak may grow this much over the daemon's start, no more
 
 # The rules of the hung-dependencies test: `always` fires at once and keeps firing (api_flag,
@@ -134,15 +133,11 @@ async def test_hostile_dependencies_hold_no_round_and_every_action_completes_onc
         canary_models = deps.served_count("/vllm/v1/models")
 
     # the schedule held while everything was hostile
-    assert not refused, f"/healthz did not answer 200: {refused[:5]}"
-    gaps = [b - a for a, b in itertools.pairwise(rounds)]
-    assert len(rounds) >= OBSERVE / MAX_GAP and max(gaps) <= MAX_GAP, f"rounds: {gaps}"
+    assert_schedule_held(daemon, rounds, refused, OBSERVE)
     # memory bounded: 800 MB answers were refused at 1 MiB, not read
     growth = (peak_kib - started_kib) * 1024
     assert growth < RSS_GROWTH, f"the daemon's peak memory grew {growth / 2**20:.0f} MiB"
-    print(
-        f"{len(rounds)} rounds in {OBSERVE:g} s (gaps up to {max(gaps):.1f} s); peak memory +{growth / 2**20:.1f} MiB"
-    )
+    print(f"peak memory +{growth / 2**20:.1f} MiB")
 
     # each failure shown with its reason
     fallbacks = status["fallbacks"]

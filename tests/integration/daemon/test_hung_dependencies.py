@@ -125,11 +125,17 @@ async def test_a_hung_flag_api_and_a_hung_canary_hold_no_round(tmp_path: Path, s
         assert sum(deps.served.values()) == 0, (
             "a dependency answered while it was to hang: the test watched nothing"
         )
-    assert not refused, f"/healthz did not answer 200 while the dependencies hung: {refused[:5]}"
+    assert_schedule_held(daemon, rounds, refused, OBSERVE)
+
+
+def assert_schedule_held(daemon: Daemon, rounds: list[float], refused: list[Any], observe: float) -> None:
+    """While its dependencies misbehaved for ``observe`` seconds, the daemon answered /healthz,
+    kept its rounds at most MAX_GAP apart, and skipped at most one round (one overrun episode)."""
+    assert not refused, f"/healthz did not answer 200 while the dependencies misbehaved: {refused[:5]}"
     gaps = [b - a for a, b in itertools.pairwise(rounds)]
-    assert len(rounds) >= OBSERVE / MAX_GAP, f"rounds seen while the dependencies hung: {rounds}"
+    assert len(rounds) >= observe / MAX_GAP, f"rounds seen while the dependencies misbehaved: {rounds}"
     assert max(gaps) <= MAX_GAP, f"a round came {max(gaps):.1f} s after the one before: {gaps}"
-    print(f"{len(rounds)} rounds in {OBSERVE:g} s, gaps up to {max(gaps):.1f} s")
+    print(f"{len(rounds)} rounds in {observe:g} s, gaps up to {max(gaps):.1f} s")
     logs = daemon.logs()
     assert logs and all("msg" in line for line in logs)  # the daemon's JSON lines, read as they are
     skipped = [line for line in logs if "skipped a round" in line["msg"]]

@@ -51,6 +51,7 @@ def test_every_example_is_complete_and_numbered_in_order() -> None:
         readme = (example / "README.md").read_text().strip().splitlines()
         assert 2 <= len(readme) <= 6, f"{example.name}/README.md: {len(readme)} lines"
         assert (example / "expected.yaml").is_file(), example.name
+        assert (example / "timeline.yaml").is_file(), example.name
         config = example / "config.yaml"
         named = yaml.safe_load(config.read_text()).get("rules", []) if config.exists() else ["rules.yaml"]
         assert (example / "rules.yaml").is_file() or named == ["builtin:speculative"], example.name
