@@ -30,8 +30,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_pages import CAPTURE, grown
 
 from specguard.config.loading import load
-from specguard.daemon.readings import read_signal
-from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
+from specguard.daemon.evaluation import window_of
+from specguard.daemon.readings import read
+from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind
 from specguard.sources.scrape import ScrapeSource
 from specguard.store.baseline import parse_baseline
 from specguard.store.exposition import parse_exposition
@@ -64,7 +65,8 @@ def main() -> None:
     source = ScrapeSource([TARGET], timeout=5, retention=700, clock=lambda: now)
     for i, page in enumerate(pages):
         source.ingest(TARGET, page, now - 15 * (len(pages) - 1 - i))
-    rules = load(None).enabled_rules()
+    loaded = load(None)
+    rules = loaded.enabled_rules()
 
     body = text.encode()
     ticks = itertools.count()
@@ -88,8 +90,7 @@ def main() -> None:
     def round_of_pack() -> None:
         async def run() -> None:
             for item in rules:
-                assert item.rule.signal is not None
-                await read_signal(item, get_signal(item.rule.signal), source, baseline_file)
+                await read(item, source, baseline_file, window_of(item, loaded.config.interval))
 
         asyncio.run(run())
 
