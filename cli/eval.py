@@ -148,7 +148,7 @@ async def _evaluate_once(
         for item in loaded.enabled_rules():
             if only and item.name not in only:
                 continue
-            interval = item.rule.interval or loaded.config.interval
+            interval = item.every(loaded.config.interval)
             trigger = _trigger_of(item, alerts)
             # A detector steps on from the daemon's own state (its calibration and evidence), read
             # from the state database without writing it; every other rule starts from scratch.

@@ -115,11 +115,10 @@ async def _post(url: str, body: dict[str, Any], headers: dict[str, str], wait: f
 
 
 def _show(args: argparse.Namespace, loaded: Any, found: dict[str, Any]) -> int:
-    from specguard.daemon.wiring import STORE_FILE
     from specguard.store.database import StoreError, opened
     from specguard.store.memory import StoreMemory
 
-    path = loaded.config.resolved_state_dir() / STORE_FILE
+    path = loaded.config.store_file()
 
     async def read() -> list[dict[str, Any]]:
         async with opened(path) as store:

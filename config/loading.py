@@ -48,6 +48,10 @@ class LoadedRule:
             return self.rule.group_by
         return DEFAULT_GROUP_BY if self.rule.signal else ()
 
+    def every(self, default: float) -> float:
+        """How often the rule is evaluated: its own ``interval``, else ``default`` (the config's)."""
+        return self.rule.interval or default
+
     @property
     def keep_intrinsic(self) -> bool:
         """A signal's own labels (``position``) stay unless the rule's ``group_by`` leaves them out."""

@@ -291,6 +291,10 @@ class Config(_Strict):
     def reports_dir(self) -> Path:
         return self.report.out_dir or self.resolved_state_dir() / "reports"
 
+    def store_file(self) -> Path:
+        """The store's database: ``specguard.db`` in the state directory."""
+        return self.resolved_state_dir() / "specguard.db"
+
     def resolved_state_dir(self) -> Path:
         """``state_dir``, else ``$STATE_DIRECTORY`` (systemd), else the user's state directory."""
         if self.state_dir is not None:

@@ -74,12 +74,12 @@ async def evaluate_rule(
 def window_of(item: LoadedRule, interval: float) -> float:
     """The window a rule reads: its own, or for a detector one interval (a window per evaluation)."""
     rule = item.rule
-    return (rule.interval or interval) if rule.detect is not None else rule.window
+    return item.every(interval) if rule.detect is not None else rule.window
 
 
 def spec_of(item: LoadedRule, interval: float) -> RuleSpec:
     rule = item.rule
-    every = rule.interval or interval
+    every = item.every(interval)
     window = window_of(item, interval)
     forget_after = FORGET_AFTER_WINDOWS * window
     if rule.detect is not None:

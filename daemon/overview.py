@@ -4,8 +4,8 @@ prints and the page at ``/`` shows.
 The daemon's own view (``self_status.status``: rules, targets, the flags' plans and trouble, the
 runs that wait) is in memory; what lives in the store is read here: the silences in force or to
 come, what each feature flag was last confirmed to be, each ladder's k, and what every action says
-of itself (``Action.state``: a notifier's backlog and last error). A store that cannot be read leaves those parts out, with
-the reason, and the rest is still shown.
+of itself (``Action.state``: a notifier's backlog and last error). A store that cannot be read
+leaves those parts out, with the reason, and the rest is still shown.
 """
 
 from __future__ import annotations

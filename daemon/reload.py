@@ -90,11 +90,7 @@ class Reloader:
             shared.dispatcher.actions = dict(new.actions)
             shared.dispatcher.set_rules(new.rules)
             shared.dispatcher.dry_run = new.config.dry_run
-            configured = {r.name for r in new.rules if r.rule.enabled}  # as at start
-            for name in list(shared.states):
-                if name not in configured:
-                    del shared.states[name]
-            await shared.store.forget_rules(configured)
+            await shared.forget_unconfigured()
             shared.dispatcher.wake()  # a flag held by a rule now gone, disabled or changed is let go
             self.jobs.reschedule()
             shared.metrics.config_reloads.labels("ok").inc()

@@ -37,7 +37,7 @@ class Rounds:
 
     def interval_of(self, item: LoadedRule) -> float:
         """The interval ``item`` is evaluated at: its own, or the config's."""
-        return item.rule.interval or self.shared.loaded.config.interval
+        return item.every(self.shared.loaded.config.interval)
 
     def expect(self, names: Iterable[str]) -> None:
         """The rules to evaluate once before ``first_done`` (the start's)."""

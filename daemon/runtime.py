@@ -79,12 +79,7 @@ class Daemon(Shared):
             await self.store.open()
         except StoreError as exc:
             raise SystemExit(f"specguard: {exc}") from None
-        # A disabled rule's series are forgotten as a removed rule's are: enabled again, it starts
-        # from inactive, as a Prometheus alerting rule does, and a breach then is a new incident.
-        configured = {r.name for r in self.loaded.rules if r.rule.enabled}
-        dropped = await self.store.forget_rules(configured)
-        if dropped:
-            log.info("forgot the state of %d rule(s) no longer configured or disabled", dropped)
+        await self.forget_unconfigured()
         self.states = await self.store.load_states()
         firing = sum(1 for states in self.states.values() for s in states.values() if s.state is State.FIRING)
         log.info(

@@ -14,7 +14,7 @@ from specguard.config.loading import Loaded, LoadedRule
 from specguard.daemon import systemd
 from specguard.daemon.alertmanager.book import AlertBook
 from specguard.daemon.overruns import Overruns
-from specguard.daemon.wiring import STORE_FILE, make_history_source, make_source
+from specguard.daemon.wiring import make_history_source, make_source
 from specguard.dispatch import Dispatcher
 from specguard.metrics.registry import DaemonMetrics
 from specguard.sources.base import Source
@@ -34,7 +34,7 @@ class Shared:
         self.overruns = Overruns(self.metrics)
         self.metrics.show_baseline(loaded.baseline)
         self.metrics.show_rules(r.name for r in loaded.enabled_rules())
-        self.store = Store(loaded.config.resolved_state_dir() / STORE_FILE)
+        self.store = Store(loaded.config.store_file())
         self.source: Source = make_source(loaded)
         # With the Prometheus source, the servers whose history is kept are scraped for it alone.
         self.history_source: Any = make_history_source(loaded.config)
@@ -58,6 +58,17 @@ class Shared:
         # Called with each recorded event after it is stored: how an embedding program (the demo)
         # follows what the daemon decides.
         self.on_event: list[Callable[[LoadedRule, EventRecord], None]] = []
+
+    async def forget_unconfigured(self) -> None:
+        """Forget the states of the rules no longer configured, or disabled: enabled again, a rule
+        starts from inactive, as a Prometheus alerting rule does, and a breach then is a new
+        incident. At the start and at every reload."""
+        configured = {r.name for r in self.loaded.rules if r.rule.enabled}
+        for name in [name for name in self.states if name not in configured]:
+            del self.states[name]
+        dropped = await self.store.forget_rules(configured)
+        if dropped:
+            log.info("forgot the state of %d rule(s) no longer configured or disabled", dropped)
 
     def store_failed(self, message: str) -> None:
         self.metrics.store_errors.inc()

@@ -58,7 +58,7 @@ def rule_rows(
     rows: list[dict[str, Any]] = []
     for item in rules:
         rule = item.rule
-        every = rule.interval or interval
+        every = item.every(interval)
         common = {
             "rule": rule.name,
             "signal": rule.signal,

@@ -1,4 +1,4 @@
-"""What the daemon is built from, config by config: the store's file, the source, the scrape that
+"""What the daemon is built from, config by config: the source, the scrape that
 keeps history under the Prometheus source, and how long and how often the scrape source keeps and
 takes its samples."""
 
@@ -11,7 +11,6 @@ from specguard.config.schema import Config
 from specguard.daemon.evaluation import window_of
 from specguard.sources.base import Source
 
-STORE_FILE = "specguard.db"
 HISTORY_SCRAPE_EVERY = 15.0  # seconds, for history_source
 
 

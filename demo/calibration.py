@@ -30,7 +30,7 @@ def _now(daemon: Daemon, rule: str, instance: str) -> dict[str, Any] | None:
     item = next((i for i in daemon.loaded.enabled_rules() if i.name == rule), None)
     if item is None or item.rule.detect is None:
         return None
-    interval = item.rule.interval or daemon.loaded.config.interval
+    interval = item.every(daemon.loaded.config.interval)
     for state in daemon.states.get(rule, {}).values():
         if state.labels.get("instance") == instance:
             return shown(state, item.rule.detect, interval)

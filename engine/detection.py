@@ -21,9 +21,9 @@ and its trials N = S + F. Per series:
 The engine (``engine.states``, which ``evaluate`` here calls in turn) then sees the value G
 against the threshold h = ln(false_alarm_every / interval) with the condition ``G >= h`` (h + ln(n)
 with n tests, the levels and the window test: a union bound keeps the false-alarm target for all of
-them together): pending, firing, ``for`` and the no-data policy work as for any rule. When the series resolves, G starts again from 0. Everything lives
-in the series' ``detector`` state, which the store keeps: a restart neither forgets the
-calibration nor the evidence so far.
+them together): pending, firing, ``for`` and the no-data policy work as for any rule. When the
+series resolves, G starts again from 0. Everything lives in the series' ``detector`` state, which
+the store keeps: a restart neither forgets the calibration nor the evidence so far.
 
 A calibration holds only for the windows it was measured on: a series whose state was calibrated
 under other settings warms up again, said once with the reason (``engine.detector_state``).
@@ -51,7 +51,7 @@ from specguard.store.records import SCHEDULE, SeriesState, State, Verdict
 CAP = 2.0  # G is held at CAP x h once it alarms
 
 
-def h_of(detect: Detect, interval: float) -> float:
+def _h_of(detect: Detect, interval: float) -> float:
     return threshold(detect.false_alarm_every / interval) + math.log(detect.tests)
 
 
@@ -65,7 +65,7 @@ def window_phi_of(detect: Detect, state: DetectorState) -> float:
 
 
 def condition_of(detect: Detect, interval: float) -> Condition:
-    h = h_of(detect, interval)
+    h = _h_of(detect, interval)
     return Condition(op=">=", constant=h, text=f"G >= h = {h:.2f}")
 
 
@@ -103,11 +103,11 @@ def evaluate(
 ) -> tuple[Outcome, Judged]:
     """One evaluation of a ``detect:`` rule (``spec``: its condition G >= h): every series'
     detector steps on ``answer`` (``judge``), the engine judges their statistics against h, and the
-    detectors' new states are attached to its outcome (``settle``). The Judged says what the
+    detectors' new states are attached to its outcome (``_settle``). The Judged says what the
     warm-ups found, for the caller to tell."""
     judged = judge(detect, interval, answer, previous, baseline, now)
-    outcome = machine.evaluate(spec, judged.result, h_of(detect, interval), previous, now, trigger)
-    return settle(outcome, judged, previous, now), judged
+    outcome = machine.evaluate(spec, judged.result, _h_of(detect, interval), previous, now, trigger)
+    return _settle(outcome, judged, previous, now), judged
 
 
 def judge(
@@ -122,7 +122,7 @@ def judge(
     through its detector."""
     if answer.error is not None:
         return Judged(answer, {})
-    h = h_of(detect, interval)
+    h = _h_of(detect, interval)
     needed = warmup_windows(detect, interval)
     judged: list[Series] = []
     invalid: list[Invalid] = list(answer.invalid)
@@ -297,7 +297,7 @@ def _given_in_control(
     return value
 
 
-def settle(outcome: Outcome, judged: Judged, previous: Mapping[str, SeriesState], now: float) -> Outcome:
+def _settle(outcome: Outcome, judged: Judged, previous: Mapping[str, SeriesState], now: float) -> Outcome:
     """The engine's outcome with each series' detector state attached: the new one where the
     detector stepped, the previous one elsewhere; G back to 0 where the series resolved. A series
     still calibrating is *warming up*: the engine saw no value for it, and whatever its no-data
@@ -343,7 +343,7 @@ def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any]
         "method": detect.method,
         "g": d.g,
         "g_by_level": list(d.gs),
-        "h": h_of(detect, interval),
+        "h": _h_of(detect, interval),
         "phi": detect.phi if detect.phi is not None else d.phi,
         "in_control": alpha0,
         "shift_to": levels,

@@ -74,7 +74,7 @@ def export_rules(loaded: Loaded, version: str) -> RulesExport:
         if reason is not None:
             result.skipped[rule.name] = reason
             continue
-        interval = rule.interval or loaded.config.interval
+        interval = item.every(loaded.config.interval)
         try:
             exported, warnings = converter.convert(item, interval)
         except Skip as exc:

@@ -29,7 +29,7 @@ def print_detectors(loaded: Any) -> None:
         source = _in_control_source(detect, loaded.baseline)
         if source is not None:
             lines.append(f"{item.name}: in_control {source}")
-        interval = item.rule.interval or loaded.config.interval
+        interval = item.every(loaded.config.interval)
         for series in sorted(states.get(item.name, {}).values(), key=lambda s: sorted(s.labels.items())):
             d = shown(series, detect, interval)
             if d is not None:
@@ -77,10 +77,9 @@ def _labels(labels: Mapping[str, str]) -> str:
 def stored_states(loaded: Any) -> dict[str, Any]:
     """The rule states of the config's state database, read-only (as `eval` and `check` read
     them); none when there is none."""
-    from specguard.daemon.wiring import STORE_FILE
     from specguard.store.commits import load_states_read_only
 
-    path = loaded.config.resolved_state_dir() / STORE_FILE
+    path = loaded.config.store_file()
     if not path.is_file():
         return {}
     with contextlib.suppress(sqlite3.Error):

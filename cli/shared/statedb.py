@@ -16,7 +16,6 @@ def state_database(
     """The state database of the config's state_dir (or --state-dir); None, said, when there is
     none or the config is wrong. The loaded config goes to ``loaded_out``."""
     from specguard.config.loading import load
-    from specguard.daemon.wiring import STORE_FILE
 
     overrides = {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
     loaded = load(args.config, (), overrides)
@@ -25,7 +24,7 @@ def state_database(
         return None
     if loaded_out is not None:
         loaded_out.append(loaded)
-    path = loaded.config.resolved_state_dir() / STORE_FILE
+    path = loaded.config.store_file()
     if not path.is_file():
         print(
             f"specguard {command}: no state database at {path}: the daemon has not run with this "
