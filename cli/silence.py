@@ -107,7 +107,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
                             author=author, now=now, longest=loaded[0].config.server.max_silence)
                 )  # fmt: skip
             if args.verb == "expire":
-                return await store.call(partial(silences.expire, silence_id=args.id, now=now))
+                return await store.call(partial(silences.end, silence_id=args.id, now=now))
             return await store.call(partial(silences.listed, now=now, everything=args.all))
 
     try:
@@ -129,10 +129,14 @@ def cmd_silence(args: argparse.Namespace) -> int:
             )
         return 0
     if args.verb == "expire":
-        if result is None:
+        silence, ended = result
+        if silence is None:
             print(f"specguard silence expire: no silence {args.id}", file=sys.stderr)
             return 1
-        print(f"silence {result.id} ended: {_silence_line(result)}")
+        if not ended:  # as the API (404) and the status page (409) say it
+            print(f"specguard silence expire: silence {args.id} had already ended", file=sys.stderr)
+            return 1
+        print(f"silence {silence.id} ended: {_silence_line(silence)}")
         return 0
     if args.format == "json":
         from dataclasses import asdict

@@ -149,10 +149,10 @@ def routes(
             if len(typed) > MAX_TOKEN or not bearer_matches("Bearer " + typed.strip(), needed):
                 return refused(401, "Refused: wrong token. It is the daemon's API token, the one "
                                     "Alertmanager sends (server.webhook_token).")  # fmt: skip
-        ended = await call(partial(silences.expire, silence_id=silence_id, now=now))
-        if ended is None:
+        silence, ended = await call(partial(silences.end, silence_id=silence_id, now=now))
+        if silence is None:
             return _html(_problem_page(f"There is no silence {silence_id}."), 404)
-        if ended.expired != now:
+        if not ended:
             return refused(409, f"Silence {silence_id} had already ended.")
         log.warning("silence %d expired from the status page (%s)", silence_id, request.remote)
         raise web.HTTPSeeOther(f"/?expired={silence_id}", headers=HEADERS)

@@ -187,11 +187,6 @@ def get(db: sqlite3.Connection, silence_id: int) -> Silence | None:
     return None if row is None else _silence(row)
 
 
-def expire(db: sqlite3.Connection, silence_id: int, now: float) -> Silence | None:
-    """End a silence now; None when there is no such silence. Ending an ended one changes nothing."""
-    return end(db, silence_id, now)[0]
-
-
 def end(db: sqlite3.Connection, silence_id: int, now: float) -> tuple[Silence | None, bool]:
     """End a silence now: (the silence, None when there is none; whether this call ended it). One
     conditional UPDATE, so of several at once (the API, the CLI, the page) exactly one ends it."""

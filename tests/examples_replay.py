@@ -262,7 +262,7 @@ async def take(
         )  # fmt: skip
         await daemon.store.call(add)
     if "expire_silence" in step:
-        await daemon.store.call(partial(silences.expire, silence_id=step["expire_silence"], now=now))
+        await daemon.store.call(partial(silences.end, silence_id=step["expire_silence"], now=now))
     if "webhook" in step:
         alerts = [
             am_payloads.alert(

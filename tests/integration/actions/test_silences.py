@@ -106,6 +106,8 @@ async def test_a_silence_from_the_cli_holds_back_the_firings_it_matches(daemon: 
     # expired while a still fires: its firing, held back, is acted on now (once)
     code, out, _ = await cli("expire", "1")
     assert code == 0 and out.startswith("silence 1 ended: rule acceptance_*")
+    code, out, err = await cli("expire", "1")  # again: it had ended, as the API and the page say
+    assert (code, out, err.strip()) == (1, "", "specguard silence expire: silence 1 had already ended")
     assert (await cli("list"))[1].splitlines()[1:] == []
     assert "expired" in (await cli("list", "--all"))[1]
     await until(lambda: [r[2] for r in runs(daemon)] == ["ok", "ok"], "a's firing acted on")

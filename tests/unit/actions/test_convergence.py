@@ -304,7 +304,7 @@ class Host:
 
     async def expire(self, silence_id: int, at: float) -> bool:
         assert self.store is not None
-        await self.store.call(lambda db: silences.expire(db, silence_id, at))
+        await self.store.call(lambda db: silences.end(db, silence_id, at))
         return True
 
     async def confirmed(self) -> Any:
