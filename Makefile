@@ -66,12 +66,11 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c 'import vllm, transformers.models.llama.modeling_llama'
 	touch $(VLLM_STAMP)
 
-# Two runs: the restart tier starts a vLLM of its own, which must not share the CPUs with the
-# first run's server (kept for its whole session).
+# Two runs: tests marked own_server (the restart tier among them) start a vLLM of their own, which
+# must not share the CPUs with the first run's server (kept for its whole session).
 e2e: $(STAMP) $(VLLM_STAMP)
-	SPECGUARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest tests/e2e -v --durations=0 \
-		--ignore=tests/e2e/test_vllm_restart_real.py
-	SPECGUARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest tests/e2e/test_vllm_restart_real.py -v --durations=0
+	SPECGUARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest tests/e2e -v --durations=0 -m 'not own_server'
+	SPECGUARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest tests/e2e -v --durations=0 -m own_server
 
 # Measured as ratios against a baseline in the same run; results are kept in benchmarks/results/.
 # bench_footprint runs three daemons for about 8 minutes.

@@ -40,6 +40,8 @@ from tests.ports import free_port
 from tests.processes import Daemon, specguard
 from tests.real import require_vllm_python
 
+pytestmark = pytest.mark.own_server
+
 K = 5
 HEALTH_TIMEOUT = STARTUP_TIMEOUT  # a start on a loaded 2-core machine (a broken one ends at once)
 RULES = """\
