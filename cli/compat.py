@@ -47,7 +47,9 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("target", metavar="TARGET", help="the target model: a directory or a cached hub id")
-    parser.add_argument("draft", metavar="DRAFT", help="the draft model or head: a directory or a cached hub id")
+    parser.add_argument(
+        "draft", metavar="DRAFT", help="the draft model or head: a directory or a cached hub id"
+    )
     parser.add_argument(
         "--method",
         choices=METHODS,

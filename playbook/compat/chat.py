@@ -71,12 +71,18 @@ def template_tokens(target: Any, draft: Any) -> Check:
         if tok.content in source or (rendered is not None and tok.content in rendered)
     )
     rows = {content: {"target": i, "draft": dv.get(content)} for i, content in used}
-    wrong = [f"{c!r}: target {i}, draft {'missing' if dv.get(c) is None else dv[c]}" for i, c in used if dv.get(c) != i]
+    wrong = [
+        f"{c!r}: target {i}, draft {'missing' if dv.get(c) is None else dv[c]}"
+        for i, c in used
+        if dv.get(c) != i
+    ]
     if wrong:
         return Check(AREA, "template tokens", Verdict.INCOMPATIBLE,
                      f"{len(wrong)} of the {len(used)} tokens the target's template writes have other ids "
                      "in the draft (or none)", tuple(wrong[:3]), rows)  # fmt: skip
     if not used:
-        return Check(AREA, "template tokens", Verdict.OK, "the target's template writes no added tokens", (), rows)
+        return Check(
+            AREA, "template tokens", Verdict.OK, "the target's template writes no added tokens", (), rows
+        )
     names = ", ".join(f"{c!r} {i}" for i, c in used[:6]) + (", ..." if len(used) > 6 else "")
     return Check(AREA, "template tokens", Verdict.OK, f"the same ids in the draft: {names}", (), rows)

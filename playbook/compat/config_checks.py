@@ -32,7 +32,9 @@ def vocab_size(target: Model, draft: Model, method: str) -> Check:
     data = {"target": t, "draft": d, "method": method, "compared_by_vllm": method == "draft_model"}
     if t is None or d is None:
         missing = "target" if t is None else "draft"
-        return Check(AREA, "vocab_size", Verdict.WARNING, f"the {missing}'s config.json has no vocab_size", (), data)
+        return Check(
+            AREA, "vocab_size", Verdict.WARNING, f"the {missing}'s config.json has no vocab_size", (), data
+        )
     if method == "draft_model":
         if t != d:
             return Check(AREA, "vocab_size", Verdict.INCOMPATIBLE,
@@ -56,7 +58,9 @@ def positions(target: Model, draft: Model) -> Check:
     t, d = target.text_value(*POSITIONS), draft.text_value(*POSITIONS)
     data = {"target": t, "draft": d}
     if t is None or d is None:
-        return Check(AREA, "max positions", Verdict.OK, f"target {t}, draft {d}: not stated on both sides", (), data)
+        return Check(
+            AREA, "max positions", Verdict.OK, f"target {t}, draft {d}: not stated on both sides", (), data
+        )
     if isinstance(t, int) and isinstance(d, int) and d < t:
         return Check(AREA, "max positions", Verdict.WARNING,
                      f"draft {d} < target {t}: past position {d} the draft runs where it was never trained "
@@ -70,8 +74,11 @@ def rope(target: Model, draft: Model, method: str) -> Check:
     if t != d:
         other = sorted(k for k in t.keys() | d.keys() if t.get(k) != d.get(k))
         lines = tuple(f"{k}: target {t.get(k)!r}, draft {d.get(k)!r}" for k in other)
-        why = "the head reads the target's hidden states at other frequencies" if method in HEADS else (
-            "positions are encoded otherwise: acceptance drops, most on long contexts")
+        why = (
+            "the head reads the target's hidden states at other frequencies"
+            if method in HEADS
+            else ("positions are encoded otherwise: acceptance drops, most on long contexts")
+        )
         return Check(AREA, "rope", Verdict.WARNING, f"differ in {', '.join(other)}: {why}", lines, data)
     return Check(AREA, "rope", Verdict.OK, f"the same: {_describe(t)}", (), data)
 

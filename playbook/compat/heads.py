@@ -24,7 +24,9 @@ def reduced_vocabulary(target: Model, draft: Model) -> Check:
     size = reduced if reduced is not None else d_vocab
     data: dict[str, Any] = {"target_vocab_size": t_size, "draft_vocab_size": size}
     if not isinstance(t_size, int) or not isinstance(size, int):
-        return Check(AREA, NAME, Verdict.WARNING, "vocab_size or draft_vocab_size missing: not checked", (), data)
+        return Check(
+            AREA, NAME, Verdict.WARNING, "vocab_size or draft_vocab_size missing: not checked", (), data
+        )
     if size == t_size:
         return Check(AREA, NAME, Verdict.OK,
                      f"draft_vocab_size {size} = the target's vocab_size: the head drafts over the whole "
@@ -44,7 +46,9 @@ def reduced_vocabulary(target: Model, draft: Model) -> Check:
     return _check_maps(tensors, size, t_size, target, data)
 
 
-def _check_maps(tensors: dict[str, Any], size: int, t_size: int, target: Model, data: dict[str, Any]) -> Check:
+def _check_maps(
+    tensors: dict[str, Any], size: int, t_size: int, target: Model, data: dict[str, Any]
+) -> Check:
     import numpy as np
 
     d2t = np.asarray(tensors["d2t"]).reshape(-1).astype(np.int64)

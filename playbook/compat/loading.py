@@ -68,7 +68,7 @@ def transformers_module() -> ModuleType:
         raise MissingExtra(
             f"specguard compat needs transformers (and tokenizers), which the playbook extra installs: {EXTRA}"
         ) from None
-    transformers.logging.set_verbosity_error()
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     return transformers
 
 
@@ -89,7 +89,9 @@ def resolve(role: str, name: str, allow_download: bool) -> tuple[Path, str]:
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise InputError(f"{role} {name}: not a model directory (a model is a directory with a config.json)")
+            raise InputError(
+                f"{role} {name}: not a model directory (a model is a directory with a config.json)"
+            )
         return path, "local"
     if not HUB_ID.match(name) or name.startswith((".", "/", "~")):
         raise InputError(f"{role} {name}: no such directory (and not a hub id of the form org/name)")

@@ -22,7 +22,9 @@ def compare(
     target = loading.load("target", target_name, allow_download)
     draft = loading.load("draft", draft_name, allow_download)
     if target.tokenizer is None:
-        raise loading.InputError(f"target {target.path}: {target.tokenizer_note}; vLLM serves with the target's")
+        raise loading.InputError(
+            f"target {target.path}: {target.tokenizer_note}; vLLM serves with the target's"
+        )
     kind, told = detect(draft.raw, draft_name, method)
     checks = tokenizer_side(target, draft, kind, samples)
     checks += [config_checks.vocab_size(target, draft, kind)]
@@ -32,7 +34,9 @@ def compare(
     return Report(_info(target), _info(draft), kind, told, tuple(checks))
 
 
-def tokenizer_side(target: loading.Model, draft: loading.Model, kind: str, samples: Sequence[Sample]) -> list[Check]:
+def tokenizer_side(
+    target: loading.Model, draft: loading.Model, kind: str, samples: Sequence[Sample]
+) -> list[Check]:
     t, d = target.tokenizer, draft.tokenizer
     if d is None:
         if kind == "draft_model":

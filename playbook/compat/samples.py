@@ -20,7 +20,7 @@ BUILTIN: tuple[tuple[str, str], ...] = (
     ("english", "The quick brown fox jumps over the lazy dog."),
     ("english", "Speculative decoding lets a small draft model propose tokens that the target verifies."),
     ("english", "Don't forget: it's 'quoted', \"double-quoted\" and (parenthesised) -- all right?"),
-    ("cjk", "今天天气很好，我们去公园散步吧。"),
+    ("cjk", "今天天气很好，我们去公园散步吧。"),  # noqa: RUF001 (the full-width comma is the point)
     ("cjk", "東京駅から新幹線で京都まで約二時間十五分かかります。"),
     ("cjk", "한국어 문장도 토크나이저가 올바르게 처리해야 합니다."),
     ("code", "def add(a: int, b: int) -> int:\n    return a + b\n"),
@@ -44,7 +44,9 @@ def builtin_samples() -> list[Sample]:
         counters[kind] = counters.get(kind, 0) + 1
         samples.append(Sample(kind, text, f"builtin:{kind} #{counters[kind]}"))
     prompts = builtin(["multilingual"])[:MULTILINGUAL_PROMPTS]
-    samples.extend(Sample("multilingual", p.text, f"builtin:multilingual #{i}") for i, p in enumerate(prompts, 1))
+    samples.extend(
+        Sample("multilingual", p.text, f"builtin:multilingual #{i}") for i, p in enumerate(prompts, 1)
+    )
     return samples
 
 

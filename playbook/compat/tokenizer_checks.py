@@ -58,14 +58,20 @@ def model(target: dict[str, Any] | None, draft: dict[str, Any] | None) -> Check:
     """The tokenizer model: its type, the BPE merges in order (the same vocabulary with other merges
     splits the same text into other tokens), byte fallback and the like."""
     if target is None or draft is None:
-        return Check(AREA, "model and merges", Verdict.OK, "not compared: a slow tokenizer has no tokenizer.json")
+        return Check(
+            AREA, "model and merges", Verdict.OK, "not compared: a slow tokenizer has no tokenizer.json"
+        )
     tm, dm = target.get("model", {}), draft.get("model", {})
     if tm.get("type") != dm.get("type"):
         return Check(AREA, "model and merges", Verdict.INCOMPATIBLE,
                      f"target {tm.get('type')}, draft {dm.get('type')}: other tokenizer models",
                      (), {"target_type": tm.get("type"), "draft_type": dm.get("type")})  # fmt: skip
     tmerges, dmerges = _merges(tm), _merges(dm)
-    data: dict[str, Any] = {"type": tm.get("type"), "target_merges": len(tmerges), "draft_merges": len(dmerges)}
+    data: dict[str, Any] = {
+        "type": tm.get("type"),
+        "target_merges": len(tmerges),
+        "draft_merges": len(dmerges),
+    }
     if tmerges != dmerges:
         if sorted(tmerges) == sorted(dmerges):
             first = next(i for i, (a, b) in enumerate(zip(tmerges, dmerges, strict=True)) if a != b)
@@ -114,7 +120,9 @@ def added(target: Any, draft: Any) -> Check:
     differ = sorted(i for i in ta.keys() | da.keys() if ta.get(i) != da.get(i))
     data = {"target": len(ta), "draft": len(da), "differ": len(differ)}
     if differ:
-        examples = tuple(f"id {i}: target {_added(ta.get(i))}, draft {_added(da.get(i))}" for i in differ[:EXAMPLES])
+        examples = tuple(
+            f"id {i}: target {_added(ta.get(i))}, draft {_added(da.get(i))}" for i in differ[:EXAMPLES]
+        )
         return Check(AREA, "added tokens", Verdict.WARNING,
                      f"{len(differ)} of the added tokens differ (target {len(ta)}, draft {len(da)})",
                      examples, data)  # fmt: skip
@@ -171,7 +179,12 @@ def round_trips(target: Any, draft: Any, samples: Sequence[Sample]) -> Check:
             crossed.append(f"{sample.where}: ids {max(ids)} and up are past the draft's {size} tokens")
         elif (other := _decode(draft, ids)) != back:
             crossed.append(f"{sample.where}: target decodes {back[:40]!r}, draft {other[:40]!r}")
-    data = {"samples": len(samples), "cross_differ": len(crossed), "target_lossy": lossy_t, "draft_lossy": lossy_d}
+    data = {
+        "samples": len(samples),
+        "cross_differ": len(crossed),
+        "target_lossy": lossy_t,
+        "draft_lossy": lossy_d,
+    }
     if crossed:
         return Check(AREA, "decode round-trips", Verdict.INCOMPATIBLE,
                      f"the target's ids decode to other text with the draft's tokenizer in {len(crossed)} "
