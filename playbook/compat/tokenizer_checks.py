@@ -176,7 +176,7 @@ def round_trips(target: Any, draft: Any, samples: Sequence[Sample]) -> Check:
         lossy_t += back != sample.text
         lossy_d += _decode(draft, draft.encode(sample.text, add_special_tokens=False)) != sample.text
         if any(i >= size for i in ids):
-            crossed.append(f"{sample.where}: ids {max(ids)} and up are past the draft's {size} tokens")
+            crossed.append(f"{sample.where}: id {max(ids)} is past the draft's {size} tokens")
         elif (other := _decode(draft, ids)) != back:
             crossed.append(f"{sample.where}: target decodes {back[:40]!r}, draft {other[:40]!r}")
     data = {
