@@ -132,7 +132,9 @@ def test_the_extras_are_named_for_what_they_bring_and_the_daemon_needs_none(inst
     assert set(metadata["Provides-Extra"]) == {"charts", "dev", "playbook"}
     required = metadata["Requires-Dist"]
     assert [r for r in required if r.startswith("matplotlib")] == ['matplotlib>=3.8; extra == "charts"']
-    assert [r for r in required if r.startswith("transformers")] == ['transformers<6,>=5.19; extra == "playbook"']
+    assert [r for r in required if r.startswith("transformers")] == [
+        'transformers<6,>=5.19; extra == "playbook"'
+    ]
     base = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in required if "extra ==" not in r}
     assert "aiohttp" in base and "pydantic" in base
     assert not base & {
