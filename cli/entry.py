@@ -11,6 +11,7 @@ from specguard import __version__
 from specguard.cli import (
     backup,
     check,
+    compat,
     demo,
     export,
     history,
@@ -37,6 +38,7 @@ examples:
   specguard status --config /etc/specguard/specguard.yaml
   specguard signals
   specguard history --config /etc/specguard/specguard.yaml --rule acceptance_low
+  specguard compat /models/target /models/draft
 
 With no --config (and no $SPECGUARD_CONFIG) specguard runs on defaults: it scrapes
 http://127.0.0.1:8000/metrics, evaluates the shipped rule pack and logs what fires.
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     ladder.add_parser(sub)
     report.add_parser(sub)
     backup.add_parser(sub)
+    compat.add_parser(sub)
     from specguard.playbook.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
@@ -85,6 +88,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "ladder": ladder.cmd_ladder,
     "report": report.cmd_report,
     "backup": backup.cmd_backup,
+    "compat": compat.cmd_compat,
     "demo": demo.cmd_demo,
 }
 

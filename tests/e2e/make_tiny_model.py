@@ -2,9 +2,9 @@
 
 Run under the interpreter that has vLLM (and so torch, transformers and tokenizers):
 
-    .venv-vllm/bin/python tests/e2e/make_tiny_model.py OUT_DIR
+    .venv-vllm/bin/python tests/e2e/make_tiny_model.py OUT_DIR [VOCAB_SIZE]
 
-The tokenizer is a byte-level BPE (vocabulary about 512) trained on generated lines; the model is a
+The tokenizer is a byte-level BPE (vocabulary 512, or VOCAB_SIZE) trained on generated lines; the model is a
 randomly initialised ``LlamaForCausalLM`` (hidden 256, 4 layers, 4 heads, 2 KV heads, about 2.6 M
 parameters, bf16) with a fixed seed. Its output is gibberish, which is all a test of the serving path
 and its metrics needs: served as its own draft, its greedy drafts are always accepted at temperature
@@ -45,7 +45,7 @@ def corpus(lines: int, rng: random.Random) -> list[str]:
     return out
 
 
-def build(out: Path) -> None:
+def build(out: Path, vocab_size: int = VOCAB_SIZE) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -57,7 +57,7 @@ def build(out: Path) -> None:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -95,6 +95,6 @@ def build(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    build(Path(sys.argv[1]))
+    if len(sys.argv) not in (2, 3):
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR [VOCAB_SIZE]")
+    build(Path(sys.argv[1]), *(int(v) for v in sys.argv[2:]))

@@ -40,10 +40,11 @@ def tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def build_model(python: str, out: Path, env: dict[str, str]) -> None:
+def build_model(python: str, out: Path, env: dict[str, str], vocab_size: int | None = None) -> None:
+    """The tiny Llama of make_tiny_model.py in ``out`` (with a vocabulary of ``vocab_size``, not 512)."""
     try:
         done = subprocess.run(
-            [python, str(MAKE_MODEL), str(out)],
+            [python, str(MAKE_MODEL), str(out), *([str(vocab_size)] if vocab_size is not None else [])],
             env=env,
             capture_output=True,
             text=True,

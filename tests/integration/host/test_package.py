@@ -129,9 +129,12 @@ def test_the_sdist_carries_the_units_the_example_config_the_dashboard_and_the_do
 
 def test_the_extras_are_named_for_what_they_bring_and_the_daemon_needs_none(installed: Installed) -> None:
     metadata = installed.metadata
-    assert set(metadata["Provides-Extra"]) == {"charts", "dev"}
+    assert set(metadata["Provides-Extra"]) == {"charts", "dev", "playbook"}
     required = metadata["Requires-Dist"]
     assert [r for r in required if r.startswith("matplotlib")] == ['matplotlib>=3.8; extra == "charts"']
+    assert [r for r in required if r.startswith("transformers")] == [
+        'transformers<6,>=5.19; extra == "playbook"'
+    ]
     base = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in required if "extra ==" not in r}
     assert "aiohttp" in base and "pydantic" in base
     assert not base & {
@@ -147,7 +150,7 @@ def test_the_extras_are_named_for_what_they_bring_and_the_daemon_needs_none(inst
     # Installed without extras: no matplotlib, and the daemon's modules import without it.
     assert installed.python("import matplotlib").returncode != 0
     done = installed.python(
-        "import specguard.daemon.runtime, specguard.cli, specguard.report.weekly, sys; "
+        "import specguard.daemon.runtime, specguard.cli, specguard.cli.entry, specguard.report.weekly, sys; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'matplotlib', 'transformers', 'torch', 'vllm'}))"
     )
     assert done.returncode == 0, done.stderr
