@@ -17,6 +17,7 @@ from specguard.cli import (
     ladder,
     report,
     run,
+    serve_config,
     signals,
     silence,
     simulate,
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     ladder.add_parser(sub)
     report.add_parser(sub)
     backup.add_parser(sub)
+    serve_config.add_parser(sub)
     from specguard.playbook.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
@@ -86,6 +88,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": report.cmd_report,
     "backup": backup.cmd_backup,
     "demo": demo.cmd_demo,
+    "serve-config": serve_config.cmd_serve_config,
 }
 
 
