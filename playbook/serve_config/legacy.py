@@ -16,6 +16,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from specguard.playbook.serve_config.serving import TOP_LEVEL_SPECULATIVE
 from specguard.playbook.serve_config.versions import Version, key_verdict, show
@@ -131,7 +132,7 @@ def parse_legacy(command: str, version: Version) -> Legacy:
         if verdict.status == "ok":
             extra[key] = value
         else:
-            out.dropped.append(f"dropped {flag}: {key} {verdict.reason}")
+            out.dropped.append(f"dropped {flag} ({key}): {verdict.reason}")
 
     while index < len(words):
         word = words[index]
@@ -218,7 +219,7 @@ def serving_yaml(data: dict[str, Any], version: Version | None, command: str) ->
         "num_speculative_tokens_per_batch_size", "draft_tensor_parallel_size", "tensor_parallel_size",
         "gpu_memory_utilization", "max_model_len", "host", "port", "device", "speculative_extra", "extra_args",
     )  # fmt: skip
-    full = {**({"vllm_version": show(version)} if version is not None else {}), **data}
+    full = {**({"vllm_version": DoubleQuotedScalarString(show(version))} if version is not None else {}), **data}
     out = CommentedMap()
     for key in order:
         if key in full:
