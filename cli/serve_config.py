@@ -43,15 +43,24 @@ def add_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("serving", nargs="?", type=Path, metavar="SERVING_FILE", help="the serving file (YAML)")
     parser.add_argument(
-        "--from-legacy", metavar="COMMAND", help="instead of a serving file: a vLLM command with the old flags"
+        "serving", nargs="?", type=Path, metavar="SERVING_FILE", help="the serving file (YAML)"
     )
     parser.add_argument(
-        "--write-serving", type=Path, metavar="FILE", help="with --from-legacy: write what it read as a serving file"
+        "--from-legacy",
+        metavar="COMMAND",
+        help="instead of a serving file: a vLLM command with the old flags",
+    )
+    parser.add_argument(
+        "--write-serving",
+        type=Path,
+        metavar="FILE",
+        help="with --from-legacy: write what it read as a serving file",
     )
     version = parser.add_mutually_exclusive_group()
-    version.add_argument("--vllm-version", metavar="X.Y.Z", help="the vLLM version to render for, e.g. 0.32.0")
+    version.add_argument(
+        "--vllm-version", metavar="X.Y.Z", help="the vLLM version to render for, e.g. 0.32.0"
+    )
     version.add_argument("--url", help="read the version from this running vLLM's /version")
     parser.add_argument(
         "--format",
@@ -176,4 +185,7 @@ def _print(
         version = plan.version_text
         print(f"==> command line (vLLM {version}) <==\n{command}\n")
         print(f"==> vllm.yaml (vLLM {version}: vllm serve --config vllm.yaml) <==\n{yaml_text}")
-        print(f"==> vllm.env (the vllm_restart action's env_file: VLLM_SPECULATIVE_CONFIG) <==\n{env_text}", end="")
+        print(
+            f"==> vllm.env (the vllm_restart action's env_file: VLLM_SPECULATIVE_CONFIG) <==\n{env_text}",
+            end="",
+        )

@@ -69,7 +69,9 @@ def plan(serving: Serving, version: Version) -> Plan:
     if schedule is not None:
         verdict = key_verdict(SCHEDULE, facts)
         if verdict.status != "ok":
-            errors.append(serving.problem(SCHEDULE, f"a k per batch size needs vLLM 0.25 or later: {verdict.reason}"))
+            errors.append(
+                serving.problem(SCHEDULE, f"a k per batch size needs vLLM 0.25 or later: {verdict.reason}")
+            )
         config[SCHEDULE] = [list(entry) for entry in schedule]
         over = [entry for entry in schedule if entry[2] > serving.num_speculative_tokens]
         if over:

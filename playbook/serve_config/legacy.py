@@ -219,7 +219,10 @@ def serving_yaml(data: dict[str, Any], version: Version | None, command: str) ->
         "num_speculative_tokens_per_batch_size", "draft_tensor_parallel_size", "tensor_parallel_size",
         "gpu_memory_utilization", "max_model_len", "host", "port", "device", "speculative_extra", "extra_args",
     )  # fmt: skip
-    full = {**({"vllm_version": DoubleQuotedScalarString(show(version))} if version is not None else {}), **data}
+    full = {
+        **({"vllm_version": DoubleQuotedScalarString(show(version))} if version is not None else {}),
+        **data,
+    }
     out = CommentedMap()
     for key in order:
         if key in full:

@@ -24,7 +24,11 @@ class OutputError(ValueError):
 
 
 def out_files(directory: Path, yaml_text: str, env_text: str, command_text: str) -> dict[Path, str]:
-    return {directory / YAML_NAME: yaml_text, directory / ENV_NAME: env_text, directory / COMMAND_NAME: command_text}
+    return {
+        directory / YAML_NAME: yaml_text,
+        directory / ENV_NAME: env_text,
+        directory / COMMAND_NAME: command_text,
+    }
 
 
 def check_writable(files: Mapping[Path, str], force: bool) -> None:
@@ -65,7 +69,7 @@ def fetch_version(url: str, timeout: float = 10.0) -> str:
         raise OutputError(f"--url {url}: give the server's http:// or https:// base URL")
     address = url.rstrip("/") + "/version"
     try:
-        with urllib.request.urlopen(address, timeout=timeout) as response:  # noqa: S310 (http(s) only, checked above)
+        with urllib.request.urlopen(address, timeout=timeout) as response:
             body = response.read(VERSION_ANSWER_LIMIT + 1)
     except urllib.error.HTTPError as exc:
         raise OutputError(f"--url {url}: {address} answered HTTP {exc.code}") from None

@@ -147,7 +147,9 @@ def vllm_yaml(plan: Plan, source: str) -> str:
         f"# Rendered by `specguard serve-config` from {source}.\n"
     )
     if left:
-        header += f"# Give these on the command line too (they have no form in this file): {shlex.join(left)}\n"
+        header += (
+            f"# Give these on the command line too (they have no form in this file): {shlex.join(left)}\n"
+        )
     return header + text
 
 

@@ -15,7 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from specguard.common.names import did_you_mean
 from specguard.common.yamlfile import FileProblems, LineDict, Problem, line_of, load_yaml, validation_problems
-from specguard.playbook.serve_config.versions import METHODS, NEEDS_DRAFT, NO_DRAFT, VersionError, parse_version
+from specguard.playbook.serve_config.versions import (
+    METHODS,
+    NEEDS_DRAFT,
+    NO_DRAFT,
+    VersionError,
+    parse_version,
+)
 
 # Keys of the speculative config that the serving file gives at its top level, under their own names.
 TOP_LEVEL_SPECULATIVE = {
@@ -115,7 +121,9 @@ class Serving(BaseModel):
             for item in value:
                 flag = str(item).split("=", 1)[0]
                 if flag in GENERATED_FLAGS or flag.startswith("--speculative-config."):
-                    raise ValueError(f"{flag}: the serving file's own keys give it; leave it out of extra_args")
+                    raise ValueError(
+                        f"{flag}: the serving file's own keys give it; leave it out of extra_args"
+                    )
             return tuple(str(item) for item in value)
         return value
 
@@ -165,13 +173,19 @@ def consistency(serving: Serving) -> list[Problem]:
     for key in serving.speculative_extra:
         if key in TOP_LEVEL_SPECULATIVE:
             own = TOP_LEVEL_SPECULATIVE[key]
-            problems.append(serving.problem(f"speculative_extra.{key}", f"give it as the serving file's `{own}`"))
+            problems.append(
+                serving.problem(f"speculative_extra.{key}", f"give it as the serving file's `{own}`")
+            )
     if serving.method in NEEDS_DRAFT and serving.draft is None:
         problems.append(
-            serving.problem("method", f"method {serving.method} needs `draft`: the draft model's path or hub id")
+            serving.problem(
+                "method", f"method {serving.method} needs `draft`: the draft model's path or hub id"
+            )
         )
     if serving.method in NO_DRAFT and serving.draft is not None:
-        problems.append(serving.problem("draft", f"method {serving.method} has no draft model: leave `draft` out"))
+        problems.append(
+            serving.problem("draft", f"method {serving.method} has no draft model: leave `draft` out")
+        )
     return problems
 
 
@@ -185,6 +199,13 @@ def load_serving(path: Path, text: str | None = None) -> Serving:
         raise ServingError(exc.problems) from None
     if data is None:
         raise ServingError(
-            [Problem(str(path), None, "", "the file is empty: give at least target, method and num_speculative_tokens")]
+            [
+                Problem(
+                    str(path),
+                    None,
+                    "",
+                    "the file is empty: give at least target, method and num_speculative_tokens",
+                )
+            ]
         )
     return parse_serving(data, str(path))

@@ -61,7 +61,11 @@ def covered(version: Version) -> Version:
         raise VersionError(
             f"vLLM {show(version)} is older than 0.10.0, the first release specguard knows the speculative "
             "methods of (the V1 engine; V0's speculative decoding was removed in 0.10.0)"
-            + ("" if version >= SPECULATIVE_CONFIG_SINCE else "; it has no --speculative-config either (0.8.2+)")
+            + (
+                ""
+                if version >= SPECULATIVE_CONFIG_SINCE
+                else "; it has no --speculative-config either (0.8.2+)"
+            )
         )
     return min(version, LAST_KNOWN)
 

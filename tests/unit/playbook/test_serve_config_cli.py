@@ -35,7 +35,9 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_the_playbook_command_for_0_32(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "--vllm-version", "0.32.0", "--format", "json", "--from-legacy", PLAYBOOK_COMMAND)
+    code, out, err = run(
+        capsys, "--vllm-version", "0.32.0", "--format", "json", "--from-legacy", PLAYBOOK_COMMAND
+    )
     assert code == 0
     result = json.loads(out)
     assert result["speculative_config"] == {
@@ -83,7 +85,9 @@ def test_the_other_old_flags_become_keys() -> None:
 
 
 def test_a_draft_without_a_method_is_draft_model_and_says_so() -> None:
-    legacy = parse_legacy("vllm serve /t --speculative-model /d --num-speculative-tokens 2", parse_version("0.32.0"))
+    legacy = parse_legacy(
+        "vllm serve /t --speculative-model /d --num-speculative-tokens 2", parse_version("0.32.0")
+    )
     assert legacy.data["method"] == "draft_model" and legacy.data["draft"] == "/d"
     assert len(legacy.notes) == 1 and "assumed" in legacy.notes[0]
 
@@ -112,7 +116,9 @@ def test_the_serving_file_written_from_a_command_renders_the_same(
     assert code == 0 and again == first.split("\n", 1)[1]
 
 
-def test_the_default_output_has_the_three_artifacts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_default_output_has_the_three_artifacts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "s.yaml").write_text(SERVING)
     code, out, _ = run(capsys, str(tmp_path / "s.yaml"), "--vllm-version", "0.15.1")
     assert code == 0
@@ -121,7 +127,7 @@ def test_the_default_output_has_the_three_artifacts(tmp_path: Path, capsys: pyte
         "==> vllm.yaml (vLLM 0.15.1: vllm serve --config vllm.yaml) <==",
         "==> vllm.env (the vllm_restart action's env_file: VLLM_SPECULATIVE_CONFIG) <==",
     ]
-    assert "speculative-config: '{\"method\": \"draft_model\"" in out  # a JSON string before 0.16
+    assert 'speculative-config: \'{"method": "draft_model"' in out  # a JSON string before 0.16
 
 
 def test_out_writes_three_files_and_replaces_them_only_with_force(
@@ -136,9 +142,14 @@ def test_out_writes_three_files_and_replaces_them_only_with_force(
     before = {p.name: p.read_text() for p in out_dir.iterdir()}
     (tmp_path / "s.yaml").write_text(SERVING.replace("4", "3"))
     code, _, err = run(capsys, str(tmp_path / "s.yaml"), "--vllm-version", "0.32.0", "--out", str(out_dir))
-    assert code == 2 and err == f"specguard serve-config: {out_dir / 'vllm.yaml'} exists: give --force to replace it\n"
+    assert (
+        code == 2
+        and err == f"specguard serve-config: {out_dir / 'vllm.yaml'} exists: give --force to replace it\n"
+    )
     assert {p.name: p.read_text() for p in out_dir.iterdir()} == before
-    code, _, _ = run(capsys, str(tmp_path / "s.yaml"), "--vllm-version", "0.32.0", "--out", str(out_dir), "--force")
+    code, _, _ = run(
+        capsys, str(tmp_path / "s.yaml"), "--vllm-version", "0.32.0", "--out", str(out_dir), "--force"
+    )
     assert code == 0 and '"num_speculative_tokens":3' in (out_dir / "vllm.env").read_text()
 
 
@@ -182,12 +193,14 @@ def test_a_file_without_a_version_asks_for_one(tmp_path: Path, capsys: pytest.Ca
 def test_a_legacy_command_without_k_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, "--vllm-version", "0.32.0", "--write-serving", str(tmp_path / "s.yaml"),
                        "--from-legacy", "vllm serve /t --speculative-model /d")  # fmt: skip
-    assert code == 2 and err == "specguard serve-config: --from-legacy: num_speculative_tokens: Field required\n"
+    assert (
+        code == 2 and err == "specguard serve-config: --from-legacy: num_speculative_tokens: Field required\n"
+    )
     assert not (tmp_path / "s.yaml").exists()
 
 
 class _Version(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = b'{"version": "0.15.1"}' if self.path == "/version" else b"{}"
         self.send_response(200 if self.path == "/version" else 404)
         self.send_header("Content-Type", "application/json")
@@ -223,4 +236,7 @@ def test_an_unreachable_url_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     url = f"http://127.0.0.1:{free_port()}"
     code, out, err = run(capsys, str(tmp_path / "s.yaml"), "--url", url)
     assert code == 2 and out == ""
-    assert err.startswith(f"specguard serve-config: --url {url}: cannot reach {url}/version: ") and err.count("\n") == 1
+    assert (
+        err.startswith(f"specguard serve-config: --url {url}: cannot reach {url}/version: ")
+        and err.count("\n") == 1
+    )

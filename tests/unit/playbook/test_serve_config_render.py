@@ -80,7 +80,9 @@ def test_a_bad_serving_file_is_named_with_its_line_and_key(text: str, expected: 
 
 
 def test_an_empty_file_says_what_it_needs() -> None:
-    assert problems("") == ["serving.yaml: the file is empty: give at least target, method and num_speculative_tokens"]
+    assert problems("") == [
+        "serving.yaml: the file is empty: give at least target, method and num_speculative_tokens"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,9 @@ def test_an_empty_file_says_what_it_needs() -> None:
          "serving.yaml:9: num_speculative_tokens_per_batch_size: a k per batch size needs vLLM 0.25 or later"),
     ],
 )  # fmt: skip
-def test_what_the_version_does_not_have_is_an_error_at_its_line(extra: str, version: str, expected: str) -> None:
+def test_what_the_version_does_not_have_is_an_error_at_its_line(
+    extra: str, version: str, expected: str
+) -> None:
     base = "target: /t\nnum_speculative_tokens: 3\nport: 1\nhost: h\nmax_model_len: 64\ntensor_parallel_size: 1\n\n"
     found = problems(base + extra, version)
     assert any(line.startswith(expected) for line in found), found
@@ -107,7 +111,9 @@ def test_a_key_an_old_version_ignores_is_left_out_with_a_warning() -> None:
     text = "target: /t\nmethod: ngram\nnum_speculative_tokens: 3\nspeculative_extra:\n  disable_by_batch_size: 4\n"
     p = plan(serving_from(text), parse_version("0.16.0"))
     assert "disable_by_batch_size" not in p.speculative
-    assert p.warnings == ["speculative_extra.disable_by_batch_size: left out: vLLM 0.16.0 accepts it but does not use it (V1 engine, 0.10 on)"]
+    assert p.warnings == [
+        "speculative_extra.disable_by_batch_size: left out: vLLM 0.16.0 accepts it but does not use it (V1 engine, 0.10 on)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -118,7 +124,10 @@ def test_a_key_an_old_version_ignores_is_left_out_with_a_warning() -> None:
 def test_the_k_per_batch_size_schedule_follows_vllms_rules(schedule: str, says: str) -> None:
     text = f"target: /t\nmethod: ngram\nnum_speculative_tokens: 3\nnum_speculative_tokens_per_batch_size: {schedule}\n"
     found = problems(text)
-    assert any(line.startswith("serving.yaml:4: num_speculative_tokens_per_batch_size") and says in line for line in found), found
+    assert any(
+        line.startswith("serving.yaml:4: num_speculative_tokens_per_batch_size") and says in line
+        for line in found
+    ), found
 
 
 # --- the artifacts ----------------------------------------------------------------------------------
@@ -137,13 +146,21 @@ def test_the_command_passes_the_speculative_config_as_json_with_the_long_flag() 
 
 def test_the_short_flag_exists_from_0_19() -> None:
     assert "-sc" in command_argv(plan(serving_from(SERVING), parse_version("0.19.0")), short=True)
-    with pytest.raises(RenderError, match="-sc needs vLLM 0.19.0 or later, not 0.18.0"):
+    with pytest.raises(RenderError, match=r"-sc needs vLLM 0\.19\.0 or later, not 0\.18\.0"):
         command_argv(plan(serving_from(SERVING), parse_version("0.18.0")), short=True)
 
 
 def test_the_module_form_names_the_model_with_model() -> None:
-    argv = command_argv(plan(serving_from(SERVING), parse_version("0.32.0")), Launcher(python="/venv/bin/python"))
-    assert argv[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/target"]
+    argv = command_argv(
+        plan(serving_from(SERVING), parse_version("0.32.0")), Launcher(python="/venv/bin/python")
+    )
+    assert argv[:5] == [
+        "/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/target",
+    ]
 
 
 @pytest.mark.parametrize(("version", "mapping"), [("0.15.1", False), ("0.16.0", True), ("0.32.0", True)])
@@ -166,7 +183,12 @@ def test_the_env_file_is_what_the_vllm_restart_action_reads() -> None:
 def test_extra_args_become_yaml_keys_where_they_can() -> None:
     keys, left = extra_as_keys(("--enable-prefix-caching", "--max-num-seqs", "64", "--dtype=bfloat16", "-O3",
                                 "--enable-prefix-caching", "--middleware", "a", "b"))  # fmt: skip
-    assert keys == {"enable-prefix-caching": True, "max-num-seqs": "64", "dtype": "bfloat16", "middleware": ["a", "b"]}
+    assert keys == {
+        "enable-prefix-caching": True,
+        "max-num-seqs": "64",
+        "dtype": "bfloat16",
+        "middleware": ["a", "b"],
+    }
     assert left == ["-O3", "--enable-prefix-caching"]
 
 
