@@ -94,7 +94,9 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str
         config = root / f"{name}.vllm.yaml"
         config.write_text(vllm_yaml(p, str(path)))
         cases.append({"name": f"{name}/yaml", "form": "serve", "argv": ["serve", "--config", str(config)]})
-        cases.append({"name": f"{name}/yaml_api_server", "form": "api_server", "argv": ["--config", str(config)]})
+        cases.append(
+            {"name": f"{name}/yaml_api_server", "form": "api_server", "argv": ["--config", str(config)]}
+        )
     (root / "cases.json").write_text(json.dumps(cases))
     done = subprocess.run(
         [python, str(CHECK), str(root / "cases.json")],
@@ -107,7 +109,11 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str
     )
     results = {
         r["name"]: r
-        for r in (json.loads(line[len("RESULT ") :]) for line in done.stdout.splitlines() if line.startswith("RESULT "))
+        for r in (
+            json.loads(line[len("RESULT ") :])
+            for line in done.stdout.splitlines()
+            if line.startswith("RESULT ")
+        )
     }
     assert len(results) == len(cases), f"the check ended early ({done.returncode}):\n{done.stderr[-3000:]}"
     yield results, {"model": str(model), **expected}
@@ -150,7 +156,9 @@ def test_vllm_refuses_a_key_serve_config_refuses(tmp_path: Path) -> None:
     model = tmp_path / "tiny-llama"
     build_model(python, model, env)
     config = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 4})
-    cases = [{"name": "refused", "form": "serve", "argv": ["serve", str(model), "--speculative-config", config]}]
+    cases = [
+        {"name": "refused", "form": "serve", "argv": ["serve", str(model), "--speculative-config", config]}
+    ]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     done = subprocess.run(
         [python, str(CHECK), str(tmp_path / "cases.json")],
@@ -165,7 +173,9 @@ def test_vllm_refuses_a_key_serve_config_refuses(tmp_path: Path) -> None:
     result = json.loads(line[len("RESULT ") :])
     assert "disable_by_batch_size" in result.get("error", ""), result
     serving = tmp_path / "s.yaml"
-    serving.write_text(f"target: {model}\nmethod: ngram\nnum_speculative_tokens: 3\nspeculative_extra:\n  disable_by_batch_size: 4\n")
+    serving.write_text(
+        f"target: {model}\nmethod: ngram\nnum_speculative_tokens: 3\nspeculative_extra:\n  disable_by_batch_size: 4\n"
+    )
     from specguard.playbook.serve_config.serving import ServingError
 
     with pytest.raises(ServingError, match="refuses it at start-up"):

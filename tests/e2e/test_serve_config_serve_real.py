@@ -35,7 +35,13 @@ def _get(url: str) -> str:
 
 
 def _complete(url: str) -> None:
-    body = {"model": SERVED, "prompt": "the draft model", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": SERVED,
+        "prompt": "the draft model",
+        "max_tokens": 16,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     request = urllib.request.Request(
         f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
@@ -44,7 +50,9 @@ def _complete(url: str) -> None:
         assert json.loads(response.read())["usage"]["completion_tokens"] == 16
 
 
-def test_a_generated_command_serves_with_the_configured_k(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_generated_command_serves_with_the_configured_k(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     python = require_vllm_python()
     env = offline_env(tmp_path)
     model = tmp_path / "tiny-llama"
