@@ -18,6 +18,7 @@ from specguard.cli import (
     ladder,
     report,
     run,
+    serve_config,
     signals,
     silence,
     simulate,
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     backup.add_parser(sub)
     compat.add_parser(sub)
+    serve_config.add_parser(sub)
     from specguard.playbook.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
@@ -90,6 +92,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "backup": backup.cmd_backup,
     "compat": compat.cmd_compat,
     "demo": demo.cmd_demo,
+    "serve-config": serve_config.cmd_serve_config,
 }
 
 

@@ -24,6 +24,7 @@ import yaml
 from specguard.cli.entry import build_parser
 from specguard.config.loading import load
 from specguard.config.schema import Config
+from specguard.playbook.serve_config.serving import Serving, load_serving
 from specguard.store.baseline import parse_baseline
 from tests.docs_pages import (
     MARKERS,
@@ -53,6 +54,7 @@ MARKED = {
 # counted below, and left to that program's own tools.
 FOREIGN_KEYS = {"scrape_configs", "rule_files", "alerting", "route", "receivers", "global", "groups"}
 CONFIG_KEYS = set(Config.model_fields)
+SERVING_KEYS = set(Serving.model_fields)
 
 ALL_BLOCKS = [block for page in pages() for block in blocks(page)]
 HEREDOCS = [(where, name, text) for block in ALL_BLOCKS for where, name, text in shell_commands(block)[1]]
@@ -70,6 +72,8 @@ def _kind(data: Any) -> str:
         return "specguard"
     if isinstance(data, dict) and data and set(data) <= FOREIGN_KEYS:
         return "foreign"
+    if isinstance(data, dict) and {"target", "method"} <= set(data) <= SERVING_KEYS:
+        return "serving"  # specguard serve-config's serving file
     return "unknown"
 
 
@@ -156,6 +160,13 @@ def test_every_yaml_example_is_a_specguard_config_a_rule_list_or_another_program
     assert unknown == [], f"YAML examples that are neither (mark an excerpt partial): {unknown}"
     # Prometheus's scrape and rule files, Alertmanager's route: checked by their own tools, not here.
     assert kinds["foreign"] == 3, kinds
+
+
+def test_each_serving_file_example_loads() -> None:
+    servings = [(w, t) for w, t in YAML_EXAMPLES if _kind(yaml.safe_load(t)) == "serving"]
+    assert servings, "docs/serve-config.md shows a serving file"
+    for where, text in servings:
+        load_serving(Path(where), text)  # raises with file:line: key: message
 
 
 @pytest.mark.parametrize(
