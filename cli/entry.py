@@ -21,6 +21,7 @@ from specguard.cli import (
     silence,
     simulate,
     status,
+    tune,
 )
 from specguard.cli import eval as evaluate
 
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     from specguard.playbook.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
+    tune.add_parser(sub)
     return parser
 
 
@@ -86,6 +88,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": report.cmd_report,
     "backup": backup.cmd_backup,
     "demo": demo.cmd_demo,
+    "tune": tune.cmd_tune,
 }
 
 
