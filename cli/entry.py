@@ -23,6 +23,7 @@ from specguard.cli import (
     silence,
     simulate,
     status,
+    tune,
 )
 from specguard.cli import eval as evaluate
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     from specguard.playbook.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
+    tune.add_parser(sub)
     return parser
 
 
@@ -93,6 +95,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "compat": compat.cmd_compat,
     "demo": demo.cmd_demo,
     "serve-config": serve_config.cmd_serve_config,
+    "tune": tune.cmd_tune,
 }
 
 

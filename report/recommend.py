@@ -13,12 +13,14 @@ Text rounds to 3 significant digits; ``data`` keeps the numbers as computed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from specguard.metrics.ktable import fmt as _fmt
+from specguard.metrics.ktable import k_inputs, k_table
+from specguard.metrics.speedup import K_MAX, BestK, best_k
 from specguard.report.model import change
-from specguard.report.speedup import K_MAX, BestK, best_k, tail_rate
 
 Series = Mapping[str, Any]
 Recommendation = dict[str, Any]
@@ -80,13 +82,6 @@ def _recommendation(
     }
 
 
-def _fmt(number: float) -> str:
-    """3 significant digits; large counts whole, with thousands separators."""
-    if abs(number) >= 1000:
-        return f"{number:,.0f}"
-    return f"{number:.3g}"
-
-
 def _percent(ratio: float) -> str:
     return f"{_fmt(ratio * 100)} %"
 
@@ -135,8 +130,8 @@ def _num_speculative_tokens(series: Series) -> Recommendation | None:
     change_k = result.k != k and gain >= MIN_GAIN_TO_CHANGE_K
     title = f"set num_speculative_tokens to {result.k} (now {k})" if change_k else f"keep k = {k}"
     reasoning = [
-        *_k_inputs(per_position, cost, source),
-        *_k_table(result, per_position),
+        *k_inputs(per_position, cost, source),
+        *k_table(result, per_position),
         _k_choice(result, k, gain, change_k),
     ]
     if result.speedup < SPEEDUP_FLOOR:
@@ -160,42 +155,6 @@ def _num_speculative_tokens(series: Series) -> Recommendation | None:
         ],
     }
     return _recommendation("num_speculative_tokens", series, title, reasoning, data)
-
-
-def _k_inputs(per_position: Sequence[float], cost: float, source: object) -> list[str]:
-    last = len(per_position) - 1
-    lines = [
-        f"Measured per-position acceptance p_0..p_{last} (share of drafts whose tokens 0..i were all "
-        f"accepted): {', '.join(_fmt(p) for p in per_position)}.",
-        f"Draft cost c = {_fmt(cost)}" + (f" ({source})." if source else "."),
-        "Expected speedup with k speculative tokens: (1 + Σ_{i<k} p_i) / (1 + k·c) (Leviathan et al., "
-        "Theorem 3.8, with the measured p_i in place of alpha^(i+1)).",
-    ]
-    return lines
-
-
-def _k_table(result: BestK, per_position: Sequence[float]) -> list[str]:
-    lines: list[str] = []
-    if any(row.extrapolated for row in result.table):
-        lines.append(
-            f"Past k = {len(per_position)} the p_i are extrapolated: each further position keeps "
-            f"{_fmt(tail_rate(per_position))} of the one before (the mean conditional acceptance of the "
-            "last measured positions)."
-        )
-    for row in result.table:
-        marks = [
-            mark
-            for mark, applies in (
-                ("extrapolated", row.extrapolated),
-                ("current", row.k == result.current_k),
-                ("best", row.k == result.k),
-            )
-            if applies
-        ]
-        lines.append(
-            f"k = {row.k}: speedup {_fmt(row.speedup)}" + (f" ({', '.join(marks)})" if marks else "")
-        )
-    return lines
 
 
 def _k_choice(result: BestK, k: int, gain: float, change_k: bool) -> str:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specguard.report.speedup import (
+from specguard.metrics.speedup import (
     BestK,
     best_k,
     conditional_rates,

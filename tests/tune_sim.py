@@ -1,0 +1,90 @@
+"""A serving host for `specguard tune`'s tests: the simulator as vLLM (tests/vllm_host.py, its
+speculative config in vLLM's YAML, restarted by the supervisor), and a specguard daemon whose
+vllm_restart action manages it, with a rule that names the action (what tune silences).
+
+The simulator's truth is known: conditional acceptance per position ACCEPTANCE and the draft's
+cost DRAFT_COST, so the expected speedup of each k is (1 + Σ_{i<k} p_i) / (1 + k c) with
+p_i = a_0 ... a_i; TRUE_BEST is the best of SWEEP, by a clear margin (about 10 % over the next)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tests.ports import free_port
+from tests.processes import Daemon
+from tests.vllm_host import Host
+
+ACCEPTANCE = (0.9, 0.8, 0.6, 0.3, 0.2)
+DRAFT_COST = 0.1
+LADDER = [5, 4, 3, 1, 0]  # the simulator starts at k = 4 (tests/vllm_host.py), which the sweep leaves out
+SWEEP = (1, 3, 5)
+ORIGINAL = 4
+# Output long enough that the last, cut-short draft step of each request weighs little (the model
+# ignores it), and no early end of sequence; a prefill too fast to count, so that every step costs
+# what the model says.
+SIM = ("--step-time", "0.01", "--acceptance-by-position", ",".join(map(str, ACCEPTANCE)),
+       "--draft-cost", str(DRAFT_COST), "--mean-output-tokens", "100000",
+       "--prefill-tokens-per-step", "10000000", "--seed", "7")  # fmt: skip
+RULES = """\
+rules:
+  - name: acceptance_critical
+    signal: acceptance_rate
+    window: 20s
+    interval: 1s
+    condition: "< 0.3"
+    for: 2s
+    severity: critical
+    actions: [shrink]
+"""
+
+
+def true_speedup(k: int) -> float:
+    p = [math.prod(ACCEPTANCE[: i + 1]) for i in range(k)]
+    return (1 + sum(p)) / (1 + k * DRAFT_COST)
+
+
+TRUE_BEST = max(SWEEP, key=true_speedup)
+
+
+class TuneHost:
+    def __init__(self, tmp: Path, *, rules: str = RULES, action: bool = True) -> None:
+        self.root = tmp
+        self.host = Host(tmp, "yaml", *SIM)
+        self.port = free_port()
+        (tmp / "rules.yaml").write_text(rules)
+        actions = (
+            {"shrink": {"type": "vllm_restart", "ladder": LADDER, "url": self.host.url,
+                        "vllm_config": {"path": str(self.host.path)}, "command": self.host.command,
+                        "status_command": self.host.status_command, "health_timeout": "30s"}}
+            if action else {}
+        )  # fmt: skip
+        self.config = tmp / "specguard.yaml"
+        self.config.write_text(
+            json.dumps({
+                "server": {"port": self.port}, "state_dir": "state", "interval": "1s", "rules": ["rules.yaml"],
+                "sources": {"scrape": {"targets": [f"{self.host.url}/metrics"], "timeout": "5s"}},
+                "actions": actions,
+            })
+        )  # fmt: skip
+        self.daemon = Daemon(self.config, self.port, tmp / "specguard.log")
+        self.serving = tmp / "serving.yaml"
+        self.serving.write_text(
+            "# serving.yaml for the simulator\n"
+            'vllm_version: "0.32.0"\n'
+            "target: tiny-llama   # the served model\n"
+            "method: draft_model\n"
+            "draft: tiny-draft\n"
+            f"num_speculative_tokens: {ORIGINAL}   # k\n"
+            "max_model_len: 8192\n"
+        )
+
+    def start(self) -> None:
+        self.host.start()
+        self.daemon.start()
+
+    def stop(self) -> None:
+        if self.daemon.process is not None and self.daemon.process.poll() is None:
+            self.daemon.stop()
+        self.host.stop()
