@@ -62,7 +62,7 @@ async def tune(options: TuneOptions, api: DaemonApi, out: TextIO, err: TextIO) -
                 "with rung 0 (measured as the reference)"
             )
     except (TuneError, DaemonError, write.ServingFileError) as exc:
-        err.write(f"specguard tune: {exc}\n")
+        err.writelines(f"specguard tune: {line}\n" for line in str(exc).splitlines())
         return 2
     measurements = len(planned.order) * len(planned.concurrency) + (
         len(planned.concurrency) if options.against else 0
@@ -230,7 +230,7 @@ def _write(options: TuneOptions, verdict: Verdict, err: TextIO) -> int:
         try:
             err.write(f"serving: {write.update(options.serving, k, table)}\n")
         except write.ServingFileError as exc:
-            err.write(f"specguard tune: {exc}\n")
+            err.writelines(f"specguard tune: {line}\n" for line in str(exc).splitlines())
             code = 2
     if options.baseline is not None:
         run = verdict.runs[verdict.recommended][verdict.primary]

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
 from specguard.common.files import write_atomically
+from specguard.playbook.serve_config.serving import ServingError, load_serving
 
 K = "num_speculative_tokens"
 PER_BATCH = "num_speculative_tokens_per_batch_size"
@@ -31,42 +31,29 @@ def _yaml() -> YAML:
     return yaml
 
 
-def _line(data: CommentedMap, key: str) -> int:
-    return int(data.lc.key(key)[0]) + 1
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def load(path: Path) -> CommentedMap:
-    """The serving file, checked: a mapping, ``num_speculative_tokens`` a whole number > 0, and
-    ``num_speculative_tokens_per_batch_size`` (when there) a list of [start, end, k]."""
+    """The serving file, checked as ``specguard serve-config`` checks it (``load_serving``: its keys,
+    their types and ranges, the method and its draft, the schedule by vLLM's rules), and read for a
+    round trip that keeps its comments."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ServingFileError(f"{path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+    _check(path, text)
     try:
         data = _yaml().load(text)
-    except YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise ServingFileError(f"{where}: not YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except YAMLError as exc:  # load_serving read it: only a ruamel-specific failure lands here
+        raise ServingFileError(f"{path}: not YAML ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(data, CommentedMap):
-        raise ServingFileError(f"{path}: not a mapping of serving settings (see docs/tune.md)")
-    if K not in data:
-        raise ServingFileError(f"{path}: {K}: missing (a whole number > 0)")
-    if not _whole(data[K]) or data[K] <= 0:
-        raise ServingFileError(f"{path}:{_line(data, K)}: {K}: {data[K]!r} is not a whole number > 0")
-    if PER_BATCH in data and data[PER_BATCH] is not None:
-        table = data[PER_BATCH]
-        if not isinstance(table, list) or not all(
-            isinstance(row, list) and len(row) == 3 and all(_whole(v) for v in row) for row in table
-        ):
-            raise ServingFileError(
-                f"{path}:{_line(data, PER_BATCH)}: {PER_BATCH}: a list of [start, end, k] whole numbers"
-            )
+        raise ServingFileError(f"{path}: not a mapping of serving settings (see docs/serve-config.md)")
     return data
+
+
+def _check(path: Path, text: str) -> None:
+    try:
+        load_serving(path, text)
+    except ServingError as exc:
+        raise ServingFileError(str(exc)) from None
 
 
 def update(path: Path, k: int, per_batch: list[list[int]] | None) -> str:
@@ -85,6 +72,7 @@ def update(path: Path, k: int, per_batch: list[list[int]] | None) -> str:
         said.append(f"{PER_BATCH} {str(per_batch).replace(' ', '')}")
     out = io.StringIO()
     _yaml().dump(data, out)
+    _check(path, out.getvalue())  # what is written must still be a serving file serve-config reads
     try:
         write_atomically(path, out.getvalue(), keep_previous=False)
     except OSError as exc:

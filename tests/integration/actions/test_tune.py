@@ -156,17 +156,17 @@ async def test_a_sweep_value_off_the_ladder_and_a_bad_serving_file_change_nothin
         "specguard tune: --sweep: k=2 is not on the ladder [5, 4, 3, 1, 0] of vllm_restart action shrink: the "
         "daemon steps to rungs only; sweep rungs, or add them to the ladder (and reload the daemon)"
     )
-    served.serving.write_text("target: tiny-llama\nnum_speculative_tokens: three\n")
+    served.serving.write_text("target: tiny-llama\nmethod: ngram\nnum_speculative_tokens: three\n")
     code, _, err = await specguard("tune", "--config", str(served.config), "--url", served.host.url, "--sweep", "3",
                                    "--serving", str(served.serving), "--write", cwd=served.root)  # fmt: skip
     assert code == 2, err
     assert one_line(err) == (
-        f"specguard tune: {served.serving}:2: num_speculative_tokens: 'three' is not a whole number > 0"
+        f"specguard tune: {served.serving}:3: num_speculative_tokens: Input should be a valid integer"
     )
     served.serving.write_text("- a list\n")
     code, _, err = await specguard("tune", "--config", str(served.config), "--url", served.host.url, "--sweep", "3",
                                    "--serving", str(served.serving), "--write", cwd=served.root)  # fmt: skip
-    assert code == 2 and "not a mapping of serving settings" in one_line(err), err
+    assert code == 2 and "the serving file must be a mapping of keys" in one_line(err), err
     assert served.serving.read_text() == "- a list\n"
     shown = await ladder(served)
     assert shown["k"] == ORIGINAL and shown["log"] == []  # no restart was made

@@ -54,7 +54,7 @@ def test_the_schedule_is_for_vllm_0_25_and_later() -> None:
 SERVING = """\
 # serving.yaml: what serve-config reads
 target: /models/llama   # the target
-method: draft_model
+method: ngram
 num_speculative_tokens: 4       # k
 speculative_extra:
   prompt_lookup_max: 4
@@ -82,13 +82,16 @@ def test_the_serving_file_gets_k_and_the_schedule_in_place(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("- a\n- b\n", "not a mapping of serving settings"),
-        ("target: x\n", "num_speculative_tokens: missing"),
-        ("target: x\nnum_speculative_tokens: 0\n", ":2: num_speculative_tokens: 0 is not a whole number > 0"),
-        ("num_speculative_tokens: true\n", ":1: num_speculative_tokens: True is not a whole number > 0"),
-        ("num_speculative_tokens: 3\nnum_speculative_tokens_per_batch_size: [[1, 2]]\n",
-         ":2: num_speculative_tokens_per_batch_size: a list of [start, end, k] whole numbers"),
-        ("num_speculative_tokens: [3\n", "not YAML"),
+        ("- a\n- b\n", ":1: the serving file must be a mapping of keys"),
+        ("target: x\nmethod: ngram\n", ":1: num_speculative_tokens: Field required"),
+        ("target: x\nmethod: ngram\nnum_speculative_tokens: 0\n", ":3: num_speculative_tokens: Input should be greater than 0"),
+        ("target: x\nmethod: ngram\nnum_speculative_tokens: true\n", ":3: num_speculative_tokens: Input should be a valid integer"),
+        ("target: x\nmethod: ngram\nnum_speculative_tokens: 3\nnum_speculative_tokens_per_batch_size: [[1, 2]]\n",
+         ":4: num_speculative_tokens_per_batch_size[0][2]: Field required"),
+        ("target: x\nmethod: ngram\nnum_speculative_tokens: 3\nnum_speculative_tokens_per_batch_size: [[2, 4, 3]]\n",
+         ":4: num_speculative_tokens_per_batch_size: the first range must start at batch size 1"),
+        ("target: x\nmethod: draft_model\nnum_speculative_tokens: 3\n", ":2: method: method draft_model needs `draft`"),
+        ("num_speculative_tokens: [3\n", ":2: invalid YAML"),
     ],
 )  # fmt: skip
 def test_a_bad_serving_file_is_refused_naming_the_line_and_left_as_it_was(
@@ -98,8 +101,16 @@ def test_a_bad_serving_file_is_refused_naming_the_line_and_left_as_it_was(
     path.write_text(text)
     with pytest.raises(write.ServingFileError, match=f"^{path}") as caught:
         write.update(path, 3, None)
-    assert message in str(caught.value)
+    assert f"{path}{message}" in str(caught.value)
     assert path.read_text() == text
+
+
+def test_a_schedule_vllm_would_refuse_is_not_written(tmp_path: Path) -> None:
+    path = tmp_path / "serving.yaml"
+    path.write_text(SERVING)
+    with pytest.raises(write.ServingFileError, match="the ranges overlap"):
+        write.update(path, 5, [[1, 4, 5], [3, 16, 3]])
+    assert path.read_text() == SERVING
 
 
 def run(k: int, tpot: dict[str, float]) -> Run:
