@@ -5,24 +5,42 @@ Shared by tests/e2e/test_vllm_restart_real.py and tests/e2e/test_tune_real.py.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
+from specguard.actions.vllm_restart.server import positions
 from tests.e2e.realclient import SERVED_NAME
 from tests.e2e.serving import STARTUP_TIMEOUT, build_model, offline_env, omp_cpus, tail
 from tests.ports import free_port
-from tests.processes import Daemon
+from tests.processes import Daemon, specguard
 from tests.real import require_vllm_python
 
 HEALTH_TIMEOUT = STARTUP_TIMEOUT  # a start on a loaded 2-core machine (a broken one ends at once)
+K = 5  # the k vLLM starts with
+LADDER = [5, 3, 1, 0]
+RULES = """\
+rules:
+  - name: acceptance_critical
+    signal: acceptance_rate
+    window: 10s
+    interval: 2s
+    condition: "< 0.3"
+    for: 4s
+    severity: critical
+    actions: [shrink]
+"""
 
 
 @dataclass
@@ -106,3 +124,35 @@ def restart_host(
         os.environ.clear()
         os.environ.update(saved)
         os.sched_setaffinity(0, own_cpus)
+
+
+async def healthy(
+    session: aiohttp.ClientSession, url: str, host: Host, seconds: float = STARTUP_TIMEOUT
+) -> float:
+    """Seconds until vLLM's /health answers 200; the test fails with vLLM's log after ``seconds``."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            async with session.get(url + "/health") as answer:
+                if answer.status == 200:
+                    return time.monotonic() - started
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(1)
+    pytest.fail(f"vLLM not healthy within {seconds:.0f}s:\n{host.vllm_log()}", pytrace=False)
+
+
+async def served_positions(session: aiohttp.ClientSession, url: str) -> set[int]:
+    """The draft positions vLLM's /metrics counts: 0 .. k-1."""
+    async with session.get(url + "/metrics") as answer:
+        return positions(await answer.text())[1]
+
+
+async def ladder(host: Host) -> dict[str, Any]:
+    """``specguard ladder show --format json`` of the host's one action."""
+    code, out, err = await specguard(
+        "ladder", "show", "--config", str(host.specguard_config), "--format", "json"
+    )
+    assert code == 0, err
+    shown: dict[str, Any] = json.loads(out)[0]
+    return shown

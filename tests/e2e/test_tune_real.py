@@ -10,70 +10,41 @@ the CPUs with): four restarts of about a minute each."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import aiohttp
 import pytest
 
-from specguard.actions.vllm_restart.server import positions
-from tests.e2e.restart_host import HEALTH_TIMEOUT, Host, restart_host
-from tests.e2e.serving import STARTUP_TIMEOUT
+from tests.e2e.restart_host import (
+    HEALTH_TIMEOUT,
+    LADDER,
+    RULES,
+    Host,
+    K,
+    healthy,
+    ladder,
+    restart_host,
+    served_positions,
+)
 from tests.processes import specguard
 
 pytestmark = pytest.mark.own_server
 
-K = 5
-RULES = """\
-rules:
-  - name: acceptance_critical
-    signal: acceptance_rate
-    window: 10s
-    interval: 2s
-    condition: "< 0.3"
-    for: 4s
-    severity: critical
-    actions: [shrink]
-"""
-
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    with restart_host(tmp_path_factory, RULES, K, [5, 3, 1, 0]) as served:
+    with restart_host(tmp_path_factory, RULES, K, LADDER) as served:
         yield served
-
-
-async def healthy(url: str, host: Host) -> float:
-    started = time.monotonic()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        while time.monotonic() - started < STARTUP_TIMEOUT:
-            try:
-                async with session.get(url + "/health") as answer:
-                    if answer.status == 200:
-                        return time.monotonic() - started
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(1)
-    pytest.fail(f"vLLM not healthy within {STARTUP_TIMEOUT:.0f}s:\n{host.vllm_log()}", pytrace=False)
-
-
-async def served_positions(url: str) -> set[int]:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-        session.get(url + "/metrics") as answer,
-    ):
-        return positions(await answer.text())[1]
 
 
 async def test_a_sweep_over_1_3_5_completes_through_the_daemon_and_restores_k(
     host: Host, report: Callable[[str], None]
 ) -> None:
     subprocess.run(host.command, check=True, timeout=60)  # the first start, by the restart command
-    report(f"tune tier: vLLM (k={K}) ready in {await healthy(host.url, host):.0f}s")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        report(f"tune tier: vLLM (k={K}) ready in {await healthy(session, host.url, host):.0f}s")
     host.daemon.start()
     await host.daemon.wait_for(lambda status: bool(status.get("rules")), timeout=120)
     started = time.monotonic()
@@ -90,14 +61,11 @@ async def test_a_sweep_over_1_3_5_completes_through_the_daemon_and_restores_k(
     for k in ("off", "1", "3", "5"):
         assert any(line.split()[:2] == ["chat", k] for line in out.splitlines()), out
     assert "recommended: num_speculative_tokens = " in out
-    code, shown, ladder_err = await specguard(
-        "ladder", "show", "--config", str(host.specguard_config), "--format", "json"
-    )
-    assert code == 0, ladder_err
-    ladder: dict[str, Any] = json.loads(shown)[0]
-    assert ladder["k"] == K == ladder["file_k"] and ladder["change"] is None, ladder
-    assert [(e["from"], e["to"], e["ok"]) for e in ladder["log"]] == [
+    shown = await ladder(host)
+    assert shown["k"] == K == shown["file_k"] and shown["change"] is None, shown
+    assert [(e["from"], e["to"], e["ok"]) for e in shown["log"]] == [
         (5, 3, True), (3, 1, True), (1, 0, True), (0, 5, True)
-    ], ladder["log"]  # fmt: skip
+    ], shown["log"]  # fmt: skip
     assert "  num_speculative_tokens: 5\n" in host.config.read_text()
-    assert await served_positions(host.url) == set(range(K))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        assert await served_positions(session, host.url) == set(range(K))

@@ -29,32 +29,27 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specguard.actions.vllm_restart.server import positions
 from specguard.sim.traffic import Traffic
 from tests.e2e.realclient import SERVED_NAME
-from tests.e2e.restart_host import HEALTH_TIMEOUT, Host, restart_host
-from tests.e2e.serving import STARTUP_TIMEOUT
+from tests.e2e.restart_host import (
+    HEALTH_TIMEOUT,
+    LADDER,
+    RULES,
+    Host,
+    K,
+    healthy,
+    ladder,
+    restart_host,
+    served_positions,
+)
 from tests.processes import specguard
 
 pytestmark = pytest.mark.own_server
 
-K = 5
-RULES = """\
-rules:
-  - name: acceptance_critical
-    signal: acceptance_rate
-    window: 10s
-    interval: 2s
-    condition: "< 0.3"
-    for: 4s
-    severity: critical
-    actions: [shrink]
-"""
-
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    with restart_host(tmp_path_factory, RULES, K, [5, 3, 1, 0]) as served:
+    with restart_host(tmp_path_factory, RULES, K, LADDER) as served:
         yield served
 
 
@@ -62,35 +57,6 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
         yield client
-
-
-async def healthy(
-    session: aiohttp.ClientSession, url: str, host: Host, seconds: float = STARTUP_TIMEOUT
-) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < seconds:
-        try:
-            async with session.get(url + "/health") as answer:
-                if answer.status == 200:
-                    return time.monotonic() - started
-        except (aiohttp.ClientError, TimeoutError):
-            pass
-        await asyncio.sleep(1)
-    pytest.fail(f"vLLM not healthy within {seconds:.0f}s:\n{host.vllm_log()}", pytrace=False)
-
-
-async def served_positions(session: aiohttp.ClientSession, url: str) -> set[int]:
-    async with session.get(url + "/metrics") as answer:
-        return positions(await answer.text())[1]
-
-
-async def ladder(host: Host) -> dict[str, Any]:
-    code, out, err = await specguard(
-        "ladder", "show", "--config", str(host.specguard_config), "--format", "json"
-    )
-    assert code == 0, err
-    shown: dict[str, Any] = json.loads(out)[0]
-    return shown
 
 
 async def until(what: str, check: Callable[[], Any], seconds: float, host: Host) -> Any:
