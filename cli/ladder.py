@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,14 @@ from typing import Any
 import aiohttp
 
 from specguard.cli.shared.options import add_config
+from specguard.cli.shared.restarts import (
+    ActionChoice,
+    daemon_url,
+    one_action,
+    restart_actions,
+    step_wait,
+    who,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -50,7 +56,6 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_ladder(args: argparse.Namespace) -> int:
-    from specguard.actions.vllm_restart import VllmRestartAction
     from specguard.config.loading import load
 
     overrides = (
@@ -63,35 +68,23 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         for problem in loaded.errors:
             print(f"specguard ladder: {problem}", file=sys.stderr)
         return 1
-    found = {name: a for name, a in loaded.actions.items() if isinstance(a, VllmRestartAction)}
     where = args.config or "the built-in defaults"
-    if not found:
-        print(f"specguard ladder: {where} has no vllm_restart action", file=sys.stderr)
-        return 1
-    if args.action is not None:
-        if args.action not in found:
-            print(f"specguard ladder: no vllm_restart action {args.action!r} in {where} "
-                  f"(there: {', '.join(sorted(found))})", file=sys.stderr)  # fmt: skip
-            return 1
-        found = {args.action: found[args.action]}
-    if args.verb == "show":
-        return _show(args, loaded, found)
-    if len(found) > 1:
-        print(f"specguard ladder: several vllm_restart actions ({', '.join(sorted(found))}): give --action",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    ((name, action),) = found.items()
+    try:
+        found = restart_actions(loaded, args.action, where)
+        if args.verb == "show":
+            return _show(args, loaded, found)
+        name, action = one_action(found, where)
+    except ActionChoice as exc:
+        print(f"specguard ladder: {exc}", file=sys.stderr)
+        return 2 if exc.kind == "several" else 1
     to: str | int = args.k if args.verb == "set" else args.verb
-    config = loaded.config
-    host = "127.0.0.1" if config.listen in ("0.0.0.0", "::") else config.listen
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{config.port}/api/ladder/{name}"
-    who = os.environ.get("SUDO_USER") or getpass.getuser()
+    url = f"{daemon_url(loaded.config)}/api/ladder/{name}"
     headers = {"Authorization": f"Bearer {loaded.webhook_token}"} if loaded.webhook_token else {}
-    wait = action.p.health_timeout * 2 + action.p.command_timeout * 2 + 300  # a change and its rollback
+    wait = step_wait(action)
     print(f"asking the daemon at {url.rsplit('/api', 1)[0]} to step {name} {to} (this can take minutes)...",
           file=sys.stderr)  # fmt: skip
     try:
-        status, body = asyncio.run(_post(url, {"to": to, "who": who}, headers, wait))
+        status, body = asyncio.run(_post(url, {"to": to, "who": who()}, headers, wait))
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         print(f"specguard ladder: the daemon at {url.rsplit('/api', 1)[0]} does not answer ({type(exc).__name__}: "
               f"{exc}); steps are made by the running daemon", file=sys.stderr)  # fmt: skip

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from specguard.cli.shared.options import add_config
+from specguard.cli.shared.restarts import (
+    ActionChoice,
+    daemon_url,
+    one_action,
+    restart_actions,
+    step_wait,
+    who,
+)
 
 DESCRIPTION = """\
 Find the best num_speculative_tokens (k) for this server and traffic. Predicted: one run at the
@@ -100,7 +106,6 @@ def _cost(text: str) -> float:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from specguard.actions.vllm_restart import VllmRestartAction
     from specguard.config.loading import load
     from specguard.playbook.bench.load import Load
     from specguard.playbook.bench.prompts import PromptError, builtin
@@ -124,18 +129,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for problem in loaded.errors:
             print(f"specguard tune: {problem}", file=sys.stderr)
         return 2
-    found = {n: a for n, a in loaded.actions.items() if isinstance(a, VllmRestartAction)}
     where = args.config or "the built-in defaults"
-    if not found:
-        return bad(f"{where} has no vllm_restart action: tune steps k through one (see docs/vllm-restart.md)")
-    if args.action is not None and args.action not in found:
-        return bad(
-            f"--action: no vllm_restart action {args.action!r} in {where} (there: {', '.join(sorted(found))})"
+    try:
+        found = restart_actions(
+            loaded, args.action, where, ": tune steps k through one (see docs/vllm-restart.md)"
         )
-    if args.action is None and len(found) > 1:
-        return bad(f"several vllm_restart actions in {where} ({', '.join(sorted(found))}): give --action")
-    name = args.action or next(iter(found))
-    action = found[name]
+        name, action = one_action(found, where)
+    except ActionChoice as exc:
+        return bad(f"--action: {exc}" if exc.kind == "unknown" else str(exc))
     rules = [lr.rule for lr in loaded.rules if name in lr.rule.actions and lr.rule.enabled]
     try:
         prompts = builtin(args.classes.split(",") if args.classes else None)
@@ -150,12 +151,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         baseline_cost = _baseline_cost(args, loaded)
     except ValueError as exc:
         return bad(str(exc))
-    config = loaded.config
-    host = "127.0.0.1" if config.listen in ("0.0.0.0", "::") else config.listen
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{config.port}"
-    who = f"specguard tune ({os.environ.get('SUDO_USER') or getpass.getuser()})"
-    step_wait = action.p.health_timeout * 2 + action.p.command_timeout * 2 + 300
-    api = DaemonApi(url, loaded.webhook_token, step_wait, who)
+    who_ = f"specguard tune ({who()})"
+    api = DaemonApi(daemon_url(loaded.config), loaded.webhook_token, step_wait(action), who_)
     load_ = Load(concurrency=concurrency[0], num_prompts=args.num_prompts, warmup=max(0, args.warmup),
                  seed=args.seed)  # fmt: skip
     bench = Options(url=args.url.rstrip("/"), prompts=prompts, load=load_, model=args.model,
