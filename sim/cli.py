@@ -182,6 +182,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"step time grows by this fraction per extra running request (default: {DEFAULT_BATCH_SLOWDOWN})",
     )
     model.add_argument(
+        "--verify-token-cost",
+        type=float,
+        metavar="F",
+        help="a target step's compute share per token it verifies: a step verifies k + 1 tokens of "
+        "every running request, and once running * (k + 1) * F exceeds the memory-bound step, decode is "
+        "compute-bound and each drafted token costs F of a step, so the best k falls as batches grow "
+        "(default: 0, never compute-bound)",
+    )
+    model.add_argument(
         "--kv-capacity-tokens",
         type=int,
         metavar="N",

@@ -63,16 +63,31 @@ def step_seconds(
     running: int,
     prefill_tokens: int,
     prefill_tokens_per_step: int,
+    verify_token_cost: float = 0.0,
 ) -> float:
     """Wall time of one engine step.
 
-    ``step_time * (1 + k * c) * (1 + batch_slowdown * (running - 1))``: k draft steps at c each,
-    Leviathan's cost model (verifying k + 1 tokens costs one target step while decode is
-    memory-bound), and a batch that slows every step a little per extra sequence. Prompts prefilled
-    in this step add ``step_time * prefill_tokens / prefill_tokens_per_step`` (compute-bound work
-    proportional to the prompt length).
+    Decode is ``step_time * (target + k * c * memory)`` with ``memory = 1 + batch_slowdown *
+    (running - 1)`` and ``target = max(memory, verify_token_cost * running * (k + 1))``: k draft
+    steps at c each, and one target step verifying k + 1 tokens of every running request.
+
+    The target's step is a roofline. While decode is memory-bound it costs reading the weights once
+    and each sequence's KV cache (``memory``: a batch slows every step a little per extra sequence),
+    whatever the tokens per sequence, so verifying k + 1 tokens costs one target step (Leviathan's
+    cost model). Its arithmetic grows with the tokens it processes, ``running * (k + 1)``, each
+    ``verify_token_cost`` of a step; once that exceeds the memory time the step is compute-bound
+    and every drafted token verified costs its share, so the best k falls as batches grow (and
+    plain decoding, k = 0, slows down too at a batch of ``1 / verify_token_cost`` and more). With
+    ``verify_token_cost`` 0 (the default) decode is never compute-bound: ``step_time * (1 + k c) *
+    memory``. Prompts prefilled in this step add ``step_time * prefill_tokens /
+    prefill_tokens_per_step`` (compute-bound work proportional to the prompt length).
     """
-    decode = step_time * (1 + k * draft_cost) * (1 + batch_slowdown * max(running - 1, 0))
+    memory = 1 + batch_slowdown * max(running - 1, 0)
+    compute = verify_token_cost * running * (k + 1)
+    if compute <= memory:
+        decode = step_time * (1 + k * draft_cost) * memory
+    else:
+        decode = step_time * (compute + k * draft_cost * memory)
     return decode + step_time * prefill_tokens / prefill_tokens_per_step
 
 

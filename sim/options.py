@@ -112,6 +112,9 @@ class SimOptions:
     step_time: float = 0.02  # seconds per target-model step at batch 1
     draft_cost: float = 0.05  # c: draft step / target step (Leviathan: "always less than 0.05")
     batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN  # step time grows this much per extra request
+    # A target step's share each token it verifies costs in compute (running * (k + 1) tokens a
+    # step); once they outweigh the memory-bound step, decode is compute-bound (sim.model). 0: never.
+    verify_token_cost: float = 0.0
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     kv_capacity_tokens: int = DEFAULT_KV_CAPACITY_TOKENS
     startup_delay: float = 0.0
@@ -145,6 +148,9 @@ class SimOptions:
         _check(_finite(self.step_time) and self.step_time > 0, "step time must be > 0 seconds")
         _check(_finite(self.draft_cost) and self.draft_cost >= 0, "draft cost must be >= 0")
         _check(_finite(self.batch_slowdown) and self.batch_slowdown >= 0, "batch slowdown must be >= 0")
+        _check(
+            _finite(self.verify_token_cost) and self.verify_token_cost >= 0, "verify token cost must be >= 0"
+        )
         _check(self.max_num_seqs >= 1, "max-num-seqs must be >= 1")
         _check(self.max_model_len >= 2, "max-model-len must be >= 2")
         _check(self.prefill_tokens_per_step >= 1, "prefill tokens per step must be >= 1")
@@ -328,6 +334,7 @@ _CONVERTERS: dict[str, Any] = {
     "step_time": float,
     "draft_cost": float,
     "batch_slowdown": float,
+    "verify_token_cost": float,
     "kv_capacity_tokens": int,
     "prefill_tokens_per_step": int,
     "mean_output_tokens": float,

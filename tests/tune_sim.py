@@ -4,12 +4,18 @@ vllm_restart action manages it, with a rule that names the action (what tune sil
 
 The simulator's truth is known: conditional acceptance per position ACCEPTANCE and the draft's
 cost DRAFT_COST, so the expected speedup of each k is (1 + Σ_{i<k} p_i) / (1 + k c) with
-p_i = a_0 ... a_i; TRUE_BEST is the best of SWEEP, by a clear margin (about 10 % over the next)."""
+p_i = a_0 ... a_i; TRUE_BEST is the best of SWEEP, by a clear margin (about 10 % over the next).
+
+With BATCHED the simulator's decode turns compute-bound as batches grow (sim/model.py: a step
+verifies running * (k + 1) tokens at VERIFY_COST of a step each, against the memory-bound
+1 + BATCH_SLOWDOWN * (running - 1)), so the best k depends on the batch: true_batch_best gives it
+at each of LEVELS."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.ports import free_port
@@ -47,11 +53,55 @@ def true_speedup(k: int) -> float:
 
 TRUE_BEST = max(SWEEP, key=true_speedup)
 
+# The per-batch-size sweep: at 2 running every k of BATCH_SWEEP is memory-bound (k = 3 verifies
+# 2 x 4 x 0.1 = 0.8 of a step's compute, under 1.01) and k = 3 is about 36 % faster than k = 1; at 8
+# running the step is compute-bound (1.6 steps of compute at k = 1, 3.2 at k = 3) and k = 1 is about
+# 28 % faster than k = 3. Batches at a concurrency's start and end hold fewer requests, but k = 3
+# stays best up to 3 running and k = 1 from 4 on, so both margins hold.
+# A step of 20 ms, twice SIM's: a starved simulator whose steps are late by their own CPU time (the
+# same at every k, so it favours the k that takes fewer steps) would need over 40 ms a step to turn
+# the order at 8 running (about 1 ms a step here under load).
+VERIFY_COST = 0.1
+BATCH_SLOWDOWN = 0.01
+BATCHED = (
+    "--verify-token-cost",
+    str(VERIFY_COST),
+    "--batch-slowdown",
+    str(BATCH_SLOWDOWN),
+    "--step-time",
+    "0.02",
+)
+BATCH_SWEEP = (1, 3)
+LEVELS = (2, 8)
+
+
+def true_step(k: int, running: int) -> float:
+    """One decode step with BATCHED, in target steps at batch 1 (sim.model.step_seconds)."""
+    memory = 1 + BATCH_SLOWDOWN * (running - 1)
+    compute = VERIFY_COST * running * (k + 1)
+    return (1 + k * DRAFT_COST) * memory if compute <= memory else compute + k * DRAFT_COST * memory
+
+
+def true_acceptance_length(k: int) -> float:
+    """Tokens a step makes at k: 1 + Σ_{i<k} p_i."""
+    return 1 + sum(math.prod(ACCEPTANCE[: i + 1]) for i in range(k))
+
+
+def true_batch_speedup(k: int, running: int) -> float:
+    """Tokens per unit of time at k over plain decoding's, with ``running`` requests in each step."""
+    return true_acceptance_length(k) / true_step(k, running) * true_step(0, running)
+
+
+def true_batch_best(running: int) -> int:
+    return max(BATCH_SWEEP, key=lambda k: true_batch_speedup(k, running))
+
 
 class TuneHost:
-    def __init__(self, tmp: Path, *, rules: str = RULES, action: bool = True) -> None:
+    def __init__(
+        self, tmp: Path, *, rules: str = RULES, action: bool = True, sim: Sequence[str] = ()
+    ) -> None:
         self.root = tmp
-        self.host = Host(tmp, "yaml", *SIM)
+        self.host = Host(tmp, "yaml", *SIM, *sim)
         self.port = free_port()
         (tmp / "rules.yaml").write_text(rules)
         actions = (

@@ -52,14 +52,18 @@ def render(verdict: Verdict, out: TextIO) -> None:
         for klass in classes:
             plain = verdict.reference.get(concurrency)
             if plain is not None and klass in plain.classes:
-                rows.append(_row(klass, "off", plain.classes[klass], 1.0, 1.0))
+                same = 1.0 if concurrency == verdict.primary else None
+                rows.append(_row(klass, "off", plain.classes[klass], 1.0, same))
             for k in verdict.ks:
                 f = verdict.runs[k][concurrency].classes.get(klass)
                 if f is not None:
                     rows.append(_row(klass, str(k), f, verdict.measured(k, concurrency, klass),
-                                     verdict.predicted(k, klass)))  # fmt: skip
+                                     verdict.predicted(k, klass, concurrency)))  # fmt: skip
         columns(rows, out)
-        out.write(f"  best measured k at concurrency {concurrency}: {verdict.best[concurrency]}\n\n")
+        out.write(f"  best measured k at concurrency {concurrency}: {verdict.best[concurrency]}\n")
+        if concurrency != verdict.primary and verdict.predictions:
+            out.write(f"  PREDICTED: at concurrency {verdict.primary} only, where p_i and c were measured\n")
+        out.write("\n")
     if not verdict.reference:
         out.write(
             "SPEEDUP needs a run without speculation (rung 0 of the ladder, or --against): not measured\n"
@@ -80,7 +84,8 @@ def render(verdict: Verdict, out: TextIO) -> None:
             f"no num_speculative_tokens_per_batch_size: vLLM {verdict.version or '?'} has none (0.25 and later)\n"
         )
     for klass, prediction in verdict.predictions.items():
-        out.write(f"\npredicted, {klass} (p_i measured at k = {prediction.measured_k}):\n")
+        where = f", concurrency {verdict.primary}" if len(verdict.concurrency) > 1 else ""
+        out.write(f"\npredicted, {klass} (p_i measured at k = {prediction.measured_k}{where}):\n")
         for text in prediction.lines():
             out.write(f"  {text}\n")
 

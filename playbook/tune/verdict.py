@@ -48,7 +48,12 @@ class Verdict:
         a, b = run.classes[klass].pooled_tpot, plain.classes[klass].pooled_tpot
         return b / a if a and b else None
 
-    def predicted(self, k: int, klass: str) -> float | None:
+    def predicted(self, k: int, klass: str, concurrency: int | None = None) -> float | None:
+        """The predicted speedup of k, at the concurrency the prediction was made at (the primary):
+        its p_i and c come from that level's runs, and (1 + Σ p_i) / (1 + k c) leaves out how the
+        batch's verification cost grows with k, so at other levels it is not a prediction (None)."""
+        if concurrency is not None and concurrency != self.primary:
+            return None
         found = self.predictions.get(klass)
         return found.speedup(k) if found is not None and k <= found.measured_k else None
 

@@ -280,6 +280,7 @@ class Engine:
                 len(batch),
                 prefill,
                 self.options.prefill_tokens_per_step,
+                self.options.verify_token_cost,
             )
             # Steps follow each other on a fixed cadence: small sleep overshoots do not add up,
             # but after idling or falling far behind the cadence restarts from now.
