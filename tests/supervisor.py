@@ -1,6 +1,7 @@
 """A stand-in for systemd where the tests restart a server: ``restart`` stops the process it started
 last (SIGTERM, then SIGKILL after a grace) and starts the command again, detached, returning at
-once as ``systemctl restart`` does for a simple service, with the variables of an environment file
+once as ``systemctl restart`` does for a simple service (one stop or restart at a time, as systemd
+runs one job at a time on a unit), with the variables of an environment file
 (``EnvironmentFile=``) in its environment. Like systemd/vllm.service, a command that needs them on
 its command line goes through ``/bin/sh -c``.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -143,6 +145,14 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(show(args.state))
         return 0
     args.state.mkdir(parents=True, exist_ok=True)
+    # One stop or restart at a time, as systemd runs one job at a time on a unit: a test's stop
+    # racing the daemon's restart would otherwise unlink the pid file of the process just started.
+    with (args.state / "lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _restart(args)
+
+
+def _restart(args: argparse.Namespace) -> int:
     stop(args.state)
     if args.verb == "stop":
         return 0
