@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from specguard.rules.signals import DEFAULT_GROUP_BY, get_signal
-from specguard.sim.engine.records import RequestRecord
+from specguard.sim.engine.records import RequestRecord, StepRecord
 from specguard.sim.options import SimOptions, SpeculativeConfig
 from specguard.sim.server import Simulator, start_simulator
 from specguard.sources.scrape import ScrapeSource
@@ -172,3 +172,29 @@ def four_sigma_rate(alpha: float, k: int, drafts: int) -> float:
 def four_sigma_share(p: float, drafts: int) -> float:
     """4 standard deviations of a per-position share (a binomial proportion over drafts)."""
     return 4 * math.sqrt(p * (1 - p) / drafts)
+
+
+async def steps_alone_and_together(options: SimOptions, max_tokens: int) -> dict[float, list[StepRecord]]:
+    """The engine's steps, from the ground truth, of one completion alone and then three at once,
+    grouped by step: one engine step serves every request that has a step at its time."""
+    sim = await start_simulator(options)
+    try:
+        async with aiohttp.ClientSession() as session:
+            alone = await completion(session, sim, max_tokens=max_tokens, ignore_eos=True)
+            together = await asyncio.gather(
+                *(completion(session, sim, max_tokens=max_tokens, ignore_eos=True) for _ in range(3))
+            )
+        records = [record_of(sim, r["id"]) for r in (alone, *together)]
+    finally:
+        await sim.stop()
+    steps: dict[float, list[StepRecord]] = {}
+    for record in records:
+        for step in record.steps:
+            steps.setdefault(step.time, []).append(step)
+    return steps
+
+
+def decode_step_costs(steps: Mapping[float, list[StepRecord]]) -> set[tuple[int, float]]:
+    """(requests in the step, its cost) of every step that only decodes (no prompt's prefill)."""
+    decode_only = [group for group in steps.values() if all(step.draft_tokens for step in group)]
+    return {(len(group), round(group[0].cost, 9)) for group in decode_only}

@@ -8,10 +8,19 @@ from typing import Any
 
 import aiohttp
 
-from specguard.sim.engine.records import StepRecord
 from specguard.sim.options import SimOptions
-from specguard.sim.server import start_simulator
-from tests.sim.simclient import chat, completion, metrics_text, record_of, running, speculative, stream, value
+from tests.sim.simclient import (
+    chat,
+    completion,
+    decode_step_costs,
+    metrics_text,
+    record_of,
+    running,
+    speculative,
+    steps_alone_and_together,
+    stream,
+    value,
+)
 
 MODEL = {"model_name": "tiny-llama"}
 
@@ -183,23 +192,8 @@ async def test_step_time_follows_the_cost_model() -> None:
     options = SimOptions(
         port=0, step_time=0.01, speculative=speculative(4), draft_cost=0.25, batch_slowdown=0.5, seed=3
     )
-    sim = await start_simulator(options)
-    try:
-        async with aiohttp.ClientSession() as session:
-            alone = await completion(session, sim, max_tokens=40, ignore_eos=True)
-            together = await asyncio.gather(
-                *(completion(session, sim, max_tokens=40, ignore_eos=True) for _ in range(3))
-            )
-        records = [record_of(sim, r["id"]) for r in (alone, *together)]
-    finally:
-        await sim.stop()
-    # One engine step serves every request that has a step at its time.
-    steps: dict[float, list[StepRecord]] = {}
-    for record in records:
-        for step in record.steps:
-            steps.setdefault(step.time, []).append(step)
-    decode_only = [group for group in steps.values() if all(step.draft_tokens for step in group)]
-    costs = {(len(group), round(group[0].cost, 9)) for group in decode_only}
+    steps = await steps_alone_and_together(options, max_tokens=40)
+    costs = decode_step_costs(steps)
     # 10 ms x (1 + 4 x 0.25) = 20 ms alone; x (1 + 0.5 x (n - 1)) with n running
     assert costs <= {(n, round(0.020 * (1 + 0.5 * (n - 1)), 9)) for n in (1, 2, 3)}, costs
     assert {(1, 0.02), (3, 0.04)} <= costs

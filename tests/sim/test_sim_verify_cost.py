@@ -4,21 +4,17 @@ caches; then every drafted token verified costs its share, so the best k falls a
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import subprocess
 import sys
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from specguard.sim.cli import parse_options
-from specguard.sim.engine.records import StepRecord
 from specguard.sim.model import step_seconds
 from specguard.sim.options import OptionsError, SimOptions
-from specguard.sim.server import start_simulator
-from tests.sim.simclient import completion, record_of, speculative
+from tests.sim.simclient import decode_step_costs, speculative, steps_alone_and_together
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,22 +103,7 @@ async def test_the_engine_charges_each_step_what_the_model_says() -> None:
     """The cost the ground truth records for every decode step, alone and with three running."""
     options = SimOptions(port=0, step_time=0.005, speculative=speculative(3), draft_cost=0.1,
                          batch_slowdown=0.0, verify_token_cost=0.2, seed=3)  # fmt: skip
-    sim = await start_simulator(options)
-    try:
-        async with aiohttp.ClientSession() as session:
-            alone = await completion(session, sim, max_tokens=30, ignore_eos=True)
-            together = await asyncio.gather(
-                *(completion(session, sim, max_tokens=30, ignore_eos=True) for _ in range(3))
-            )
-        records = [record_of(sim, r["id"]) for r in (alone, *together)]
-    finally:
-        await sim.stop()
-    steps: dict[float, list[StepRecord]] = {}
-    for record in records:
-        for step in record.steps:
-            steps.setdefault(step.time, []).append(step)
-    decode_only = [group for group in steps.values() if all(step.draft_tokens for step in group)]
-    costs = {(len(group), round(group[0].cost, 9)) for group in decode_only}
+    costs = decode_step_costs(await steps_alone_and_together(options, max_tokens=30))
     # alone: 1 x 4 x 0.2 = 0.8 < 1, memory-bound: 5 ms x (1 + 3 x 0.1) = 6.5 ms; with 3 running:
     # 3 x 4 x 0.2 = 2.4 steps of compute + 0.3 of drafting = 13.5 ms (2 running: 1.6 + 0.3)
     assert costs <= {(1, 0.0065), (2, 0.0095), (3, 0.0135)}, costs
