@@ -245,6 +245,9 @@ def print_summary(report: dict[str, Any], out: TextIO) -> None:
             rows.append((klass, _x(row["tpot_speedup"]), _x(row["e2e_speedup"]), "yes" if row["gains"] else "NO",
                          f"{row['draft_cost']:.3f}" if "draft_cost" in row else "-"))  # fmt: skip
         _columns(rows, out)
+        for klass, row in report["comparison"].items():
+            if "draft_cost_unknown" in row:
+                out.write(f"no draft cost for {klass}: {row['draft_cost_unknown']}\n")
         losers = [k for k, row in report["comparison"].items() if not row["gains"]]
         if losers:
             out.write(f"\nslower with speculation: {', '.join(losers)}: route them to standard decoding\n")

@@ -304,10 +304,26 @@ def compare(spec: Server, plain: Server) -> dict[str, Any]:
             "gains": speedup is not None and speedup > 1.0,
         }
         step_a, step_b = a["itl"]["p50"], b["itl"]["p50"]
-        if step_a and step_b and spec.positions:
+        bursty = _bursty(phase, other)
+        if bursty:
+            row["draft_cost_unknown"] = bursty
+        elif step_a and step_b and spec.positions:
             row["draft_cost"] = max(0.0, (step_a / step_b - 1) / spec.positions)
         out[klass] = row
     return out
+
+
+def _bursty(*phases: dict[str, Any]) -> str | None:
+    """Why the chunk gaps of these phases do not time engine steps, or None: a share of them too short
+    to be steps (stats.BURST_GAP), so their median is the bursts', not the step's."""
+    for phase, name in zip(phases, ("the speculative server's", "the plain server's"), strict=False):
+        share = stats.burst_share(phase.get("results") or [])
+        if share is not None and share > stats.BURSTY_SHARE:
+            return (
+                f"{name} streams arrived in bursts ({share:.0%} of chunk gaps under "
+                f"{stats.BURST_GAP * 1000:g} ms): their chunk gaps do not time engine steps"
+            )
+    return None
 
 
 def now_iso() -> str:

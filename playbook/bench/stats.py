@@ -97,6 +97,21 @@ def acceptance(before: SpecCounts, after: SpecCounts) -> dict[str, Any] | None:
     }
 
 
+# Two chunks of one stream closer than this were not two engine steps: a decode step of any model on
+# any hardware takes longer (the tiny Llama on 2 CPU cores: about 2 ms; a GPU's, several). They came
+# in one burst: the server's front end, or the client, was held up and passed on several steps at once.
+BURST_GAP = 0.0002
+# A run with a larger share of such gaps does not time engine steps by its chunks: its ITL and TPOT
+# are the bursts', not the engine's.
+BURSTY_SHARE = 0.1
+
+
+def burst_share(results: Sequence[Result]) -> float | None:
+    """The share of the gaps between chunks, over the answered requests, shorter than BURST_GAP."""
+    gaps = [gap for r in results if r.ok for gap in r.gaps]
+    return sum(gap < BURST_GAP for gap in gaps) / len(gaps) if gaps else None
+
+
 def summarize(results: Sequence[Result], seconds: float) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ttft = [r.ttft for r in ok if r.ttft is not None]

@@ -4,7 +4,10 @@ concurrency, reduced to the sweep's figures per traffic class.
 The measured speedup compares decoding speed, so it is taken from the time per output token pooled
 over every answered request of a class (the sum of ``e2e - TTFT`` over the sum of ``output tokens -
 1``): token-weighted, it varies far less from run to run than a median of per-request TPOTs, whose
-requests each see only a few dozen draft steps."""
+requests each see only a few dozen draft steps. When a run's streams arrived in bursts (the front
+end or the client held up, several steps' chunks at once: ``stats.burst_share``), e2e - TTFT no
+longer times the decoding; the whole request's time per output token (``pooled_e2e``) still does,
+prefill included."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Any
 from specguard.playbook.bench import runner
 from specguard.playbook.bench.client import Result
 from specguard.playbook.bench.runner import BenchError, Options
+from specguard.playbook.bench.stats import BURSTY_SHARE, burst_share
 
 
 @dataclass
@@ -29,6 +33,8 @@ class Figures:
     output_throughput: float | None  # tokens/s
     pooled_tpot: float | None  # s per output token after the first, every request pooled
     itl_p50: float | None  # the median gap between chunks: one engine step
+    pooled_e2e: float | None = None  # s per output token, the whole request, every request pooled
+    burst_share: float | None = None  # the share of chunk gaps too short to be engine steps
     acceptance: float | None = None
     mean_acceptance_length: float | None = None
     per_position: list[float] = field(default_factory=list)
@@ -46,6 +52,14 @@ class Run:
     draft_positions: int  # what /metrics counted: k as the server runs it
     report: dict[str, Any]  # bench's own report (for the baseline)
 
+    def bursts(self) -> dict[str, float]:
+        """The classes whose streams arrived in bursts, with the share of their gaps too short."""
+        return {
+            klass: f.burst_share
+            for klass, f in self.classes.items()
+            if f.burst_share is not None and f.burst_share > BURSTY_SHARE
+        }
+
     @property
     def failed(self) -> int:
         return sum(f.requests - f.completed for f in self.classes.values())
@@ -55,6 +69,12 @@ def pooled_tpot(results: Sequence[Result]) -> float | None:
     seconds = sum(r.e2e - r.ttft for r in results if r.ok and r.e2e is not None and r.ttft is not None)
     tokens = sum(r.output_tokens - 1 for r in results if r.ok and r.e2e is not None and r.ttft is not None)
     return seconds / tokens if tokens > 0 else None
+
+
+def pooled_e2e(results: Sequence[Result]) -> float | None:
+    done = [r for r in results if r.ok and r.e2e is not None]
+    tokens = sum(r.output_tokens for r in done)
+    return sum(r.e2e for r in done if r.e2e is not None) / tokens if tokens > 0 else None
 
 
 def figures(phase: dict[str, Any]) -> Figures:
@@ -68,6 +88,8 @@ def figures(phase: dict[str, Any]) -> Figures:
         output_throughput=s["output_throughput"],
         pooled_tpot=pooled_tpot(phase["results"]),
         itl_p50=s["itl"]["p50"],
+        pooled_e2e=pooled_e2e(phase["results"]),
+        burst_share=burst_share(phase["results"]),
         acceptance=a.get("rate"),
         mean_acceptance_length=a.get("mean_acceptance_length"),
         per_position=list(a.get("per_position", [])),
@@ -102,8 +124,8 @@ def draft_cost(spec: Run, plain: Run) -> dict[str, float]:
         made.positions, made.phases = run.draft_positions, run.report["phases"]
         return made
 
-    compared = runner.compare(server(spec), server(plain))
+    compared = runner.compare(server(spec), server(plain))  # none from streams that came in bursts
     return {klass: row["draft_cost"] for klass, row in compared.items() if "draft_cost" in row}
 
 
-__all__ = ["BenchError", "Figures", "Run", "draft_cost", "figures", "measure", "pooled_tpot"]
+__all__ = ["BenchError", "Figures", "Run", "draft_cost", "figures", "measure", "pooled_e2e", "pooled_tpot"]

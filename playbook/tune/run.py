@@ -207,6 +207,8 @@ def _verdict(options: TuneOptions, sweep: Sweep, reference: dict[int, Run], err:
     if options.draft_cost is not None:
         costs, source = {"*": options.draft_cost}, "--draft-cost"
     elif sweep.plan.concurrency[0] in reference:
+        # none for a class whose streams came in bursts: their chunk gaps do not time steps; the
+        # others' median stands for it (c is the draft's and the hardware's, not the traffic's)
         costs = draft_cost(largest, reference[sweep.plan.concurrency[0]])
         if costs:
             costs["*"] = median(list(costs.values()))
@@ -214,7 +216,13 @@ def _verdict(options: TuneOptions, sweep: Sweep, reference: dict[int, Run], err:
     if not costs and options.baseline_cost is not None:
         costs, source = {"*": options.baseline_cost[0]}, options.baseline_cost[1]
     if not costs:
-        err.write("specguard tune: no draft cost: the PREDICTED column is empty\n")
+        why = (
+            " (the streams arrived in bursts, so their chunk gaps do not time the steps: give --draft-cost)"
+            if sweep.plan.concurrency[0] in reference
+            and (largest.bursts() or reference[sweep.plan.concurrency[0]].bursts())
+            else ""
+        )
+        err.write(f"specguard tune: no draft cost: the PREDICTED column is empty{why}\n")
     predictions = predict(largest, costs, source, sweep.plan.original)
     return decide(Verdict(sweep.plan.ks, sweep.plan.concurrency, sweep.runs, reference, predictions))
 

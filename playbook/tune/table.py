@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from specguard.metrics.ktable import fmt
+from specguard.playbook.bench.stats import BURST_GAP
 from specguard.playbook.tune.measure import Figures
 from specguard.playbook.tune.verdict import Verdict
 
@@ -60,6 +61,16 @@ def render(verdict: Verdict, out: TextIO) -> None:
                     rows.append(_row(klass, str(k), f, verdict.measured(k, concurrency, klass),
                                      verdict.predicted(k, klass, concurrency)))  # fmt: skip
         columns(rows, out)
+        bursts = verdict.bursts(concurrency)
+        if bursts:
+            said = "; ".join(
+                f"k={k} {klass} {share:.0%}" for k, found in bursts.items() for klass, share in found.items()
+            )
+            out.write(
+                f"  streams that arrived in bursts (chunk gaps under {BURST_GAP * 1000:g} ms: {said}): their TPOT "
+                "does not time the engine's steps, so SPEEDUP and the best k compare the whole request's time "
+                "per output token (prefill included)\n"
+            )
         out.write(f"  best measured k at concurrency {concurrency}: {verdict.best[concurrency]}\n")
         if concurrency != verdict.primary and verdict.predictions:
             out.write(f"  PREDICTED: at concurrency {verdict.primary} only, where p_i and c were measured\n")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from specguard.playbook.tune.batches import schedule, supported
-from specguard.playbook.tune.measure import Run
+from specguard.playbook.tune.measure import Figures, Run
 from specguard.playbook.tune.predict import Prediction
 
 # Two k values whose measured speed differs by less than this are not told apart: a run's pooled
@@ -39,13 +39,27 @@ class Verdict:
     def recommended(self) -> int:
         return self.best[self.primary]
 
+    def bursts(self, concurrency: int) -> dict[str, dict[str, float]]:
+        """The runs at ``concurrency`` whose streams arrived in bursts: k (or "off") -> class -> share."""
+        runs = {str(k): by[concurrency] for k, by in self.runs.items() if concurrency in by}
+        if concurrency in self.reference:
+            runs["off"] = self.reference[concurrency]
+        return {k: found for k, run in runs.items() if (found := run.bursts())}
+
+    def time_per_token(self, figures: Figures, concurrency: int) -> float | None:
+        """What the speeds at ``concurrency`` are compared by: the pooled TPOT, or, when any run there
+        came in bursts, the whole request's time per token (the same measure for every k)."""
+        return figures.pooled_e2e if self.bursts(concurrency) else figures.pooled_tpot
+
     def measured(self, k: int, concurrency: int, klass: str) -> float | None:
-        """Plain pooled TPOT over this k's: how much faster it decodes than without speculation."""
+        """The plain run's time per output token over this k's: how much faster it decodes than
+        without speculation."""
         plain = self.reference.get(concurrency)
         run = self.runs.get(k, {}).get(concurrency)
         if plain is None or run is None or klass not in run.classes or klass not in plain.classes:
             return None
-        a, b = run.classes[klass].pooled_tpot, plain.classes[klass].pooled_tpot
+        a = self.time_per_token(run.classes[klass], concurrency)
+        b = self.time_per_token(plain.classes[klass], concurrency)
         return b / a if a and b else None
 
     def predicted(self, k: int, klass: str, concurrency: int | None = None) -> float | None:
@@ -59,7 +73,8 @@ class Verdict:
 
     def score(self, k: int, concurrency: int) -> float:
         run = self.runs[k][concurrency]
-        speeds = [1 / f.pooled_tpot for f in run.classes.values() if f.pooled_tpot]
+        times = [self.time_per_token(f, concurrency) for f in run.classes.values()]
+        speeds = [1 / t for t in times if t]
         return math.exp(sum(math.log(s) for s in speeds) / len(speeds)) if speeds else 0.0
 
     def predicted_best(self) -> int | None:
