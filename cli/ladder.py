@@ -17,14 +17,13 @@ from typing import Any
 
 import aiohttp
 
-from specguard.cli.shared.options import add_config
+from specguard.cli.shared.options import add_config, who
 from specguard.cli.shared.restarts import (
     ActionChoice,
     daemon_url,
     one_action,
     restart_actions,
     step_wait,
-    who,
 )
 
 

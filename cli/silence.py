@@ -7,14 +7,13 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from specguard.cli.shared import rulenames
-from specguard.cli.shared.options import add_config
+from specguard.cli.shared.options import add_config, who
 from specguard.cli.shared.printing import print_columns
 from specguard.cli.shared.statedb import state_database
 
@@ -44,7 +43,7 @@ def add_parser(sub: Any) -> None:
     )
     add.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="how long, e.g. 2h")
     add.add_argument("--reason", required=True, help="why, for whoever is on call next")
-    add.add_argument("--author", help="who (default: $SUDO_USER or $USER)")
+    add.add_argument("--author", help="who (default: $SUDO_USER, else your user name)")
     add.add_argument(
         "--force",
         action="store_true",
@@ -74,7 +73,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
             match = silences.parse_match(args.match)
             ends = now + parse_duration(args.duration)
             silences.check(args.rule, match, now, ends, args.reason, longest=math.inf)  # before the config
-            author = args.author or os.environ.get("SUDO_USER") or os.environ.get("USER") or "?"
+            author = args.author or who()
             plain("author", author, silences.MAX_NAME)
         except ValueError as exc:
             print(f"specguard silence add: {exc}", file=sys.stderr)

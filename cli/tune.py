@@ -10,14 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specguard.cli.shared.options import add_config
+from specguard.cli.shared.options import add_config, who
 from specguard.cli.shared.restarts import (
     ActionChoice,
     daemon_url,
     one_action,
     restart_actions,
     step_wait,
-    who,
 )
 
 DESCRIPTION = """\

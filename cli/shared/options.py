@@ -1,12 +1,22 @@
-"""The options several commands share: ``--config``, ``--scrape``/``--prometheus``, and the
-configuration overrides the command line makes."""
+"""The options several commands share: ``--config``, ``--scrape``/``--prometheus``, the
+configuration overrides the command line makes, and who is at the keyboard (the default author)."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 from pathlib import Path
 from typing import Any
+
+
+def who() -> str:
+    """The person at the keyboard, as a step or a silence records it: the user behind sudo, else
+    this one; "?" when the system has no name for it."""
+    try:
+        return os.environ.get("SUDO_USER") or getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (a bare container)
+        return "?"
 
 
 def add_config(parser: argparse.ArgumentParser) -> None:

@@ -1,11 +1,9 @@
 """What the commands that step k through the running daemon share (``ladder``, ``tune``): the
 config's ``vllm_restart`` actions, the one a command works on, the daemon's address and how long a
-step may take."""
+step may take (who asks: ``options.who``)."""
 
 from __future__ import annotations
 
-import getpass
-import os
 from typing import Any
 
 
@@ -51,11 +49,6 @@ def daemon_url(config: Any) -> str:
     listens on every address)."""
     host = "127.0.0.1" if config.listen in ("0.0.0.0", "::") else config.listen
     return f"http://{'[' + host + ']' if ':' in host else host}:{config.port}"
-
-
-def who() -> str:
-    """The person at the keyboard, as the journal records a step by hand."""
-    return os.environ.get("SUDO_USER") or getpass.getuser()
 
 
 def step_wait(action: Any) -> float:
