@@ -151,7 +151,6 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
         if args.out is not None:
             print(output.restart_settings(args.out))
-        if args.out is not None:
             return 0
     _print(args.format, plan, source, launcher, args.short_flag, command, yaml_text, env_text)
     return 0

@@ -99,10 +99,10 @@ def resolve(role: str, name: str, allow_download: bool) -> tuple[Path, str]:
 
 
 def _from_hub(role: str, name: str, allow_download: bool) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    offline = constants.HF_HUB_OFFLINE  # HF_HUB_OFFLINE as the hub's client reads it
     try:
         found = snapshot_download(
             name,

@@ -8,7 +8,7 @@ its k table is said as the report says it (metrics/ktable.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specguard.metrics.ktable import k_inputs, k_table
@@ -55,9 +55,3 @@ def predict(
             best_k(positions, cost, k_max=largest.k, current_k=shown),
         )  # fmt: skip
     return out
-
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from specguard.playbook.bench.runner import BenchError, Options
 from specguard.playbook.tune import write
 from specguard.playbook.tune.daemon import DaemonApi, DaemonError, Ladder
 from specguard.playbook.tune.measure import Run, draft_cost, measure
-from specguard.playbook.tune.predict import median, predict
+from specguard.playbook.tune.predict import predict
 from specguard.playbook.tune.progress import TuneProgress
 from specguard.playbook.tune.sweep import Hold, Sweep, TuneError, plan, release, restore, run_sweep
 from specguard.playbook.tune.table import render
@@ -211,7 +212,7 @@ def _verdict(options: TuneOptions, sweep: Sweep, reference: dict[int, Run], err:
         # others' median stands for it (c is the draft's and the hardware's, not the traffic's)
         costs = draft_cost(largest, reference[sweep.plan.concurrency[0]])
         if costs:
-            costs["*"] = median(list(costs.values()))
+            costs["*"] = statistics.median(costs.values())
         source = f"measured: chunk gaps at k={largest.k} over the plain run's, as bench --against finds it"
     if not costs and options.baseline_cost is not None:
         costs, source = {"*": options.baseline_cost[0]}, options.baseline_cost[1]
