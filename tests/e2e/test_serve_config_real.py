@@ -97,16 +97,21 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str
         cases.append(
             {"name": f"{name}/yaml_api_server", "form": "api_server", "argv": ["--config", str(config)]}
         )
+    results = check(python, cases, root, env)
+    yield results, {"model": str(model), **expected}
+
+
+FORMS = ["serve", "api_server", "short", "yaml", "yaml_api_server"]
+
+
+def check(python: str, cases: list[dict[str, Any]], root: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Each case through vLLM's own parser and validation (vllm_parse_check.py in vLLM's venv): its
+    result by name; the check must answer for every case."""
     (root / "cases.json").write_text(json.dumps(cases))
     done = subprocess.run(
         [python, str(CHECK), str(root / "cases.json")],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=CHECK_TIMEOUT,
-        check=False,
-    )
+        env=env, cwd=root, capture_output=True, text=True, timeout=CHECK_TIMEOUT, check=False,
+    )  # fmt: skip
     results = {
         r["name"]: r
         for r in (
@@ -116,10 +121,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str
         )
     }
     assert len(results) == len(cases), f"the check ended early ({done.returncode}):\n{done.stderr[-3000:]}"
-    yield results, {"model": str(model), **expected}
-
-
-FORMS = ["serve", "api_server", "short", "yaml", "yaml_api_server"]
+    return results
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -159,18 +161,7 @@ def test_vllm_refuses_a_key_serve_config_refuses(tmp_path: Path) -> None:
     cases = [
         {"name": "refused", "form": "serve", "argv": ["serve", str(model), "--speculative-config", config]}
     ]
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    done = subprocess.run(
-        [python, str(CHECK), str(tmp_path / "cases.json")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=CHECK_TIMEOUT,
-        check=False,
-    )
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(line[len("RESULT ") :])
+    result = check(python, cases, tmp_path, env)["refused"]
     assert "disable_by_batch_size" in result.get("error", ""), result
     serving = tmp_path / "s.yaml"
     serving.write_text(
