@@ -19,7 +19,8 @@ def add_parser(sub: Any) -> None:
         help="validate the config and rule files",
         description="Validate the config, its rule files, baseline and actions, like `promtool check "
         "rules`. Prints every problem at once as file:line: field: message, and warnings (an action no "
-        "rule names, a rule that will report an error for want of a baseline or a draft cost). "
+        "rule names, a rule that will report an error for want of a baseline or a draft cost). With a `routing:` "
+        "section and nginx on the host, the rendered router is checked with `nginx -t`. "
         "Exit 0 when valid (warnings or not), 1 otherwise.",
     )
     add_config(check)
@@ -59,6 +60,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     if loaded.baseline is not None:
         _print_baseline_use(loaded)
     detectors.print_detectors(loaded)
+    return _check_routing(loaded)
+
+
+def _check_routing(loaded: Any) -> int:
+    """``nginx -t`` on the rendered router, when the config has ``routing:`` and nginx is here."""
+    routing = loaded.config.routing
+    if routing is None:
+        return 0
+    from specguard.playbook.routing.nginx_test import nginx_test
+
+    label = loaded.config_file or "<defaults>"
+    tested = nginx_test(routing, label)
+    if tested is None:
+        print("routing: nginx is not installed on this host; `nginx -t` not run")
+        return 0
+    if not tested.ok:
+        print(f"{label}: routing: nginx -t refuses the rendered router: {tested.detail}", file=sys.stderr)
+        print("1 error(s)", file=sys.stderr)
+        return 1
+    print(f"routing: {len(routing.classes)} class(es), nginx -t passed ({tested.detail})")
     return 0
 
 

@@ -17,6 +17,7 @@ from specguard.cli import (
     history,
     ladder,
     report,
+    routing,
     run,
     serve_config,
     signals,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_cli.add_parser(sub)
     tune.add_parser(sub)
+    routing.add_parser(sub)
     return parser
 
 
@@ -96,6 +98,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": demo.cmd_demo,
     "serve-config": serve_config.cmd_serve_config,
     "tune": tune.cmd_tune,
+    "routing": routing.cmd_routing,
 }
 
 

@@ -23,6 +23,7 @@ from pydantic import (
 from specguard.common.schedule import cron
 from specguard.common.secrets import SecretRef
 from specguard.common.sizes import parse_size
+from specguard.config.routing import RoutingConfig
 from specguard.rules.durations import Duration, Interval
 from specguard.sources.scrape import DEFAULT_MAX_PAGE_BYTES
 from specguard.sources.targets import duplicate_instances, instance_label
@@ -271,6 +272,7 @@ class Config(_Strict):
     state_dir: Path | None = None
     history: HistoryConfig = HistoryConfig()
     report: ReportConfig = ReportConfig()
+    routing: RoutingConfig | None = None  # the nginx router's traffic classes (`specguard routing render`)
     interval: Interval = 15.0
     dry_run: bool = False
     log_format: Literal["auto", "json", "text"] = "auto"

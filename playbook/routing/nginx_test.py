@@ -1,0 +1,71 @@
+"""``nginx -t`` on the rendered router: a whole standalone configuration in a temporary directory,
+checked by the nginx of this host, so that ``specguard check`` finds what nginx itself would refuse
+before a reload does."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specguard.config.routing import RoutingConfig
+from specguard.playbook.routing.render import DEBIAN_MODULES, MAIN, MODULES, Standalone, render
+
+TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class NginxTest:
+    ok: bool
+    detail: str  # nginx's version on success, what it said on failure
+
+
+def lua_modules(binary: str) -> Path | str | None:
+    """Where load_module finds the Lua module (None: compiled into nginx, as in OpenResty), or a
+    string saying why this nginx cannot run the router."""
+    try:
+        built = subprocess.run([binary, "-V"], capture_output=True, text=True, timeout=TIMEOUT).stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {binary} -V: {exc}"
+    if "lua-nginx-module" in built or "lua_nginx_module" in built:
+        return None
+    if all((DEBIAN_MODULES / module).is_file() for module in MODULES):
+        return DEBIAN_MODULES
+    return "nginx has no Lua module: install libnginx-mod-http-lua (and lua-cjson)"
+
+
+def nginx_test(routing: RoutingConfig, source: str, binary: str | None = None) -> NginxTest | None:
+    """What ``nginx -t`` says of the rendered router; None when nginx is not installed here."""
+    binary = binary or shutil.which("nginx")
+    if binary is None:
+        return None
+    modules = lua_modules(binary)
+    if isinstance(modules, str):
+        return NginxTest(False, modules)
+    with tempfile.TemporaryDirectory(prefix="specguard-nginx-t-") as tmp:
+        out = Path(tmp)
+        render(routing, out, source, Standalone(modules=modules))
+        args = [
+            binary,
+            "-t",
+            "-q",
+            "-p",
+            str(out),
+            "-c",
+            str(out / MAIN),
+            "-e",
+            str(out / "logs" / "error.log"),
+        ]
+        try:
+            done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return NginxTest(False, f"nginx -t did not finish: {exc}")
+        said = " ".join(done.stderr.replace(str(out), "<rendered>").split())
+        if done.returncode != 0:
+            return NginxTest(False, said or f"nginx -t exited with {done.returncode}")
+        version = subprocess.run(
+            [binary, "-v"], capture_output=True, text=True, timeout=TIMEOUT
+        ).stderr.strip()
+        return NginxTest(True, version.removeprefix("nginx version: ") or "nginx")
