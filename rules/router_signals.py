@@ -22,6 +22,9 @@ ROUTE_REQUESTS = Metric(("specguard_route_requests_total",), _SINCE, "counter")
 ROUTE_DURATION = Metric(("specguard_route_request_duration_seconds",), _SINCE, "histogram")
 ROUTE_MALFORMED = Metric(("specguard_route_malformed_total",), _SINCE, "counter")
 
+# The router's duration buckets (upper bounds, +Inf aside), as its page exposes them.
+ROUTE_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
 # Labels of the router's series: the class a request matched and the pool it went to.
 CLASS, POOL, REASON = "class", "pool", "reason"
 
