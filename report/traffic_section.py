@@ -22,7 +22,7 @@ def traffic_section(report: Report) -> list[Block]:
     if not isinstance(traffic, dict):
         return []
     classes = [c for c in traffic.get("classes") or [] if isinstance(c, dict)]
-    pools = traffic.get("pools") if isinstance(traffic.get("pools"), dict) else {}
+    pools = traffic["pools"] if isinstance(traffic.get("pools"), dict) else {}
     routers = ", ".join(values.text(r) for r in traffic.get("routers") or [])
     blocks: list[Block] = [
         Heading(2, "Traffic by class"),
@@ -54,7 +54,7 @@ def traffic_section(report: Report) -> list[Block]:
     ]
     if known:
         blocks.append(Paragraph(f"Pools' servers: {'; '.join(known)}."))
-    malformed = traffic.get("malformed") if isinstance(traffic.get("malformed"), dict) else {}
+    malformed = traffic["malformed"] if isinstance(traffic.get("malformed"), dict) else {}
     if malformed:
         said = ", ".join(f"{values.text(reason)} {values.count(n)}" for reason, n in malformed.items())
         blocks.append(Paragraph(f"Bodies the router could not classify (sent to the default pool): {said}."))

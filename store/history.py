@@ -82,8 +82,7 @@ _GAUGES: dict[catalog.Metric, tuple[str, str]] = {
 
 ROUTE = "route:"
 MALFORMED = "malformed:"
-_ROUTE_COUNTERS: dict[str, str] = {name: "n" for name in router.ROUTE_REQUESTS.names}
-_ROUTE_HISTOGRAM: dict[str, str] = {
+_ROUTE_SAMPLES: dict[str, str] = {name: "n" for name in router.ROUTE_REQUESTS.names} | {
     name + suffix: suffix[1:]
     for name in router.ROUTE_DURATION.names
     for suffix in ("_bucket", "_sum", "_count")
@@ -116,10 +115,10 @@ def route_parts(key: str) -> tuple[str, str, str] | None:
 
 def component(sample: str, labels: Mapping[str, str]) -> str | None:
     """The component a counter sample adds to, or None when history does not keep it."""
-    route = _ROUTE_COUNTERS.get(sample) or _ROUTE_HISTOGRAM.get(sample)
+    route = _ROUTE_SAMPLES.get(sample)
     if route is not None:
-        part = f"le={labels.get('le', '')}" if route == "bucket" else route
-        return route_key(part, labels.get("pool", ""), labels.get("class", ""))
+        what = f"le={labels.get('le', '')}" if route == "bucket" else route
+        return route_key(what, labels.get("pool", ""), labels.get("class", ""))
     if sample in _MALFORMED_COUNTERS:
         return f"{MALFORMED}{labels.get('reason', '')}"
     part = _COUNTER_SAMPLES.get(sample)
