@@ -126,3 +126,18 @@ async def test_no_router_series_no_section(store: Store) -> None:
     assert report["traffic"] is None
     assert "Traffic by class" not in render.markdown(report, {})
     assert "Traffic by class" not in render.html(report, {})
+
+
+def test_the_pools_servers_come_from_the_routing_section_as_the_config_holds_it() -> None:
+    from types import SimpleNamespace
+
+    from specguard.report.traffic import pools_of
+
+    routing = SimpleNamespace(
+        pools={
+            "speculative": SimpleNamespace(servers=["127.0.0.1:8000"]),
+            "standard": {"servers": ["10.0.0.2:8001"]},
+        }
+    )
+    assert pools_of(routing) == {"speculative": ("127.0.0.1:8000",), "standard": ("10.0.0.2:8001",)}
+    assert pools_of(None) == {}  # a config without a routing section
