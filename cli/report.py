@@ -97,7 +97,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         async with opened(path) as store:
             remedies = [name for name, action in loaded.actions.items() if action.changes_world]
             _, paths = await weekly.make(
-                store, start, end, formats, args.out, loaded.baseline, remedies=remedies
+                store,
+                start,
+                end,
+                formats,
+                args.out,
+                loaded.baseline,
+                remedies=remedies,
+                routing=getattr(loaded.config, "routing", None),
             )
             return paths
 

@@ -30,6 +30,7 @@ class WeeklyReports(Protocol):
         baseline: Baseline | None,
         deliver: Callable[[Any], Awaitable[None]] | None = None,
         remedies: Collection[str] = (),
+        routing: Any = None,
     ) -> Any:
         """Make the report scheduled for ``scheduled`` unless it was made already."""
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from specguard.report import figures as fig
 from specguard.report.model import HEADLINE, LATENCY, VERSION, Report, headline
+from specguard.report.traffic import Pools, is_router, traffic
 from specguard.store import history
 from specguard.store.baseline import Baseline
 from specguard.store.history import Span
@@ -37,13 +38,19 @@ def build(
     now: float,
     charts_missing: str | None = None,
     remedies: Collection[str] = (),
+    pools: Pools | None = None,
 ) -> Report:
     """The report of ``[start, end)``, with the same span before it for week-over-week change.
     ``remedies``: the actions that change the world (a fallback, a restart), whose run is what a
-    firing's time to act waits for when it had one."""
+    firing's time to act waits for when it had one. ``pools``: the router's pools and their
+    servers (``host:port``), for the acceptance of the pool each traffic class went to."""
     span = end - start
     current = history.read(db, start, end)
     previous = history.read(db, start - span, start)
+    routed = traffic(current, pools)
+    # The router's series are not servers: they are the traffic by class, not a section each.
+    current = {key: spans for key, spans in current.items() if not is_router(spans)}
+    previous = {key: spans for key, spans in previous.items() if not is_router(spans)}
     series = [
         _series(instance, model, current.get((instance, model), []), previous.get((instance, model), []),
                 baseline, db)
@@ -71,6 +78,7 @@ def build(
         },
         "restarts": _restarts(db, start, end),
         "silences": _silences(db, start, end),
+        "traffic": routed,
         "recommendations": recommendations(series),
         "charts": {"available": charts_missing is None, "missing": charts_missing},
     }

@@ -47,7 +47,17 @@ shape (version 1)::
       "recommendations": [{"kind": "num_speculative_tokens" | "speculation_lost" | "draft_degrading",
                            "instance": "...", "model": "...", "title": "one line",
                            "reasoning": ["line", ...], "data": {...}}],
-      "charts": {"available": true, "missing": null}   # or false and what to install
+      "charts": {"available": true, "missing": null},  # or false and what to install
+      "traffic": null | {                           # the router's series (report/traffic.py)
+        "routers": ["127.0.0.1:8081"], "requests": 120000,
+        "classes": [{"class": "short", "pool": "standard", "requests": 30000, "share": 0.25,
+                     "latency_p50": 0.4, "latency_p95": 1.2, "latency_mean": 0.5,
+                     "acceptance_rate": null}, ...],   # the pool's, server-wide (null: unknown
+                                                       # servers, or no speculation)
+        "pools": {"speculative": {"servers": ["127.0.0.1:8000"], "acceptance_rate": 0.62,
+                                  "known": true}, ...},
+        "malformed": {"json": 12}
+      }
     }
 """
 

@@ -1,6 +1,6 @@
 """What the report says, as an outline of blocks in the order both renderings show them: the
-summary, the recommendations, each series' section, the rules that fired, fallbacks, restarts and
-silences."""
+summary, the recommendations, each series' section, the traffic by class (with a router), the rules
+that fired, fallbacks, restarts and silences."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from specguard.report import charts, values
 from specguard.report.document import Block, Cell, Heading, Items, Outline, Paragraph, Table
 from specguard.report.model import Report
 from specguard.report.series_section import latency_ratio, latency_row, section
+from specguard.report.traffic_section import traffic_section
 from specguard.report.values import BETTER, MISSING
 
 
@@ -54,6 +55,7 @@ def outline_of(report: Report, images: set[str]) -> Outline:
         if isinstance(series, dict):
             outline.blocks.extend(section(series, slug, images))
 
+    outline.blocks.extend(traffic_section(report))
     outline.blocks.extend(_rules(report))
     outline.blocks.extend(_fallbacks(report))
     outline.blocks.extend(_restarts(report))

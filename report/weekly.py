@@ -24,6 +24,7 @@ from typing import Any
 from specguard.common.schedule import last_due, previous_fire
 from specguard.report.build import build
 from specguard.report.model import Report
+from specguard.report.traffic import pools_of
 from specguard.store.baseline import Baseline
 from specguard.store.connection import transaction
 from specguard.store.database import Store
@@ -50,9 +51,11 @@ async def make(
     baseline: Baseline | None,
     host: str | None = None,
     remedies: Collection[str] = (),
+    routing: Any = None,
 ) -> tuple[Report, list[Path]]:
     """Build the report of ``[start, end)`` and write it in each of ``formats`` into ``out_dir``
-    (``remedies``: the names of the actions that change the world, see ``build``)."""
+    (``remedies``: the names of the actions that change the world, see ``build``; ``routing``: the
+    config's routing section, whose pools say which servers each traffic class went to)."""
     missing = charts_missing()
     now = time.time()
     report = await store.call(
@@ -65,6 +68,7 @@ async def make(
             now=now,
             charts_missing=missing,
             remedies=remedies,
+            pools=pools_of(routing),
         ),
         synced=False,
     )
@@ -167,6 +171,7 @@ async def scheduled_report(
     baseline: Baseline | None,
     deliver: Callable[[Report], Awaitable[None]] | None = None,
     remedies: Collection[str] = (),
+    routing: Any = None,
 ) -> tuple[Report, list[Path]] | None:
     """Make the report ``trigger`` scheduled for ``scheduled`` (of its ``period_of``, at least
     ``least`` long) unless it was made already; its files, or None when it had been made.
@@ -176,7 +181,9 @@ async def scheduled_report(
     if await store.call(lambda db: _made(db, scheduled)):
         return None
     start, end = period_of(trigger, scheduled, least)
-    report, paths = await make(store, start, end, formats, out_dir, baseline, remedies=remedies)
+    report, paths = await make(
+        store, start, end, formats, out_dir, baseline, remedies=remedies, routing=routing
+    )
     if deliver is not None:
         await deliver(report)
     if not await store.call(lambda db: _record(db, scheduled, start, end, paths)):

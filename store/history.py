@@ -18,6 +18,11 @@ restart, is compared with the last one stored. What vLLM counted while the daemo
 added to the first minute after it, a day's requests would read as one minute's, and inflate that
 day's rates. A longer gap's counts are not kept (said in a warning); when they were made is unknown.
 
+The router's series (``rules/router_signals.py``) are kept per traffic class and pool, in components
+named by ``route_key``: ``route:n:<pool>:<class>`` (requests), ``route:le=<le>:<pool>:<class>``,
+``route:sum:...`` and ``route:count:...`` (the request-duration histogram), and ``malformed:<reason>``.
+The router's page has no ``model_name``: its history is the series (router's instance, "").
+
 Beside the drafts, each minute counts them by the k they were made with (``drafts:k=N``, N the
 per-position series the server had): a week with a ladder step holds drafts of two k, and position
 i's rate is over the drafts that had a position i.
@@ -34,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specguard.rules import router_signals as router
 from specguard.rules import signals as catalog
 from specguard.store.connection import transaction
 from specguard.store.exposition import Labels, Snapshot
@@ -74,6 +80,15 @@ _GAUGES: dict[catalog.Metric, tuple[str, str]] = {
     catalog.WAITING: ("waiting", "sum"),
 }
 
+ROUTE = "route:"
+MALFORMED = "malformed:"
+_ROUTE_SAMPLES: dict[str, str] = {name: "n" for name in router.ROUTE_REQUESTS.names} | {
+    name + suffix: suffix[1:]
+    for name in router.ROUTE_DURATION.names
+    for suffix in ("_bucket", "_sum", "_count")
+}
+_MALFORMED_COUNTERS = frozenset(router.ROUTE_MALFORMED.names)
+
 _COUNTER_SAMPLES: dict[str, str] = {name: part for m, part in _COUNTERS.items() for name in m.names}
 _HISTOGRAM_SAMPLES: dict[str, tuple[str, str]] = {
     name + suffix: (part, suffix) for m, part in HISTOGRAMS.items() for name in m.names
@@ -84,8 +99,28 @@ _GAUGE_SAMPLES: dict[str, tuple[str, str]] = {name: g for m, g in _GAUGES.items(
 Components = dict[str, float]
 
 
+def route_key(part: str, pool: str, cls: str) -> str:
+    """The component of the router's ``part`` (n, sum, count, le=<le>) for one pool and class."""
+    return f"{ROUTE}{part}:{pool}:{cls}"
+
+
+def route_parts(key: str) -> tuple[str, str, str] | None:
+    """(part, pool, class) of a ``route_key`` component, or None for any other component. A pool's
+    name has no colon (an nginx upstream's); a class's may."""
+    if not key.startswith(ROUTE):
+        return None
+    fields = key.split(":", 3)
+    return (fields[1], fields[2], fields[3]) if len(fields) == 4 else None
+
+
 def component(sample: str, labels: Mapping[str, str]) -> str | None:
     """The component a counter sample adds to, or None when history does not keep it."""
+    route = _ROUTE_SAMPLES.get(sample)
+    if route is not None:
+        what = f"le={labels.get('le', '')}" if route == "bucket" else route
+        return route_key(what, labels.get("pool", ""), labels.get("class", ""))
+    if sample in _MALFORMED_COUNTERS:
+        return f"{MALFORMED}{labels.get('reason', '')}"
     part = _COUNTER_SAMPLES.get(sample)
     if part is not None:
         return f"pos:{labels.get('position', '')}" if part == "pos" else part

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from specguard.playbook.bench.load import Load
 from specguard.playbook.bench.progress import ProgressLine
 from specguard.playbook.bench.prompts import CLASSES, PromptError, builtin, load_file
+from specguard.playbook.bench.routing import routing_table
 from specguard.playbook.bench.runner import BenchError, Options, bench
 from specguard.playbook.bench.stats import summarize
 
@@ -28,7 +29,9 @@ vLLM's buckets, which reads higher than a client's timing). Built-in prompt sets
 JSON); prompts that cannot fit the server's max_model_len with their output are left out, with a
 line saying so. --against runs the same prompts on a second server (speculative decoding off) and
 gives the speedup per class; --write-baseline writes the baseline the latency rules read: vLLM's
-histogram figures, with the client's beside them.
+histogram figures, with the client's beside them. Pointed at specguard's router, each request's
+routing class and pool (its X-Specguard-Class / X-Specguard-Pool headers) are recorded and the
+figures are also given per routing class (--metrics-url: read the speculative server's counters).
 """
 
 EPILOG = """\
@@ -113,6 +116,12 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--allow-partial", action="store_true", help="write the baseline even if requests failed"
     )
+    parser.add_argument(
+        "--metrics-url",
+        metavar="URL",
+        help="read the acceptance counters and histograms from this server's /metrics instead of "
+        "--url's (through specguard's router: the speculative server, e.g. http://127.0.0.1:8000)",
+    )
     parser.add_argument("--json", action="store_true", help="the report as JSON on stdout")
 
 
@@ -169,7 +178,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         per_class=args.per_class, temperature=args.temperature,
         max_tokens=args.max_tokens, timeout=args.timeout, against=args.against,
         named_classes=tuple(args.classes.split(",")) if args.classes else (),
-        source=str(args.prompts) if args.prompts is not None else "",
+        source=str(args.prompts) if args.prompts is not None else "", metrics_url=args.metrics_url,
     )  # fmt: skip
     line = ProgressLine(sys.stderr, show=sys.stderr.isatty())
     started = time.time()
@@ -232,6 +241,8 @@ def print_summary(report: dict[str, Any], out: TextIO) -> None:
     out.write(f"{server['url']}  model {server['model']}  vLLM {server['vllm_version'] or '?'}  {spec}\n\n")
     _table(report["phases"], out)
     _histogram_table(report["phases"], report["overall"], out)
+    if "routing" in report:
+        routing_table(report["routing"], out)
     against = report.get("against")
     if against:
         out.write(

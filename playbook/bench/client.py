@@ -23,6 +23,10 @@ Api = Literal["completions", "chat"]
 # ended before its usage), bad_stream (not the OpenAI stream format).
 ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "cut", "bad_stream")
 
+# The response headers specguard's router labels each answer with.
+ROUTE_CLASS = "X-Specguard-Class"
+ROUTE_POOL = "X-Specguard-Pool"
+
 
 @dataclass
 class Result:
@@ -38,6 +42,10 @@ class Result:
     output_tokens: int = 0
     gaps: list[float] = field(default_factory=list)  # seconds between chunks with output, after the first
     gap_tokens: list[int] = field(default_factory=list)  # tokens each of those chunks carried (usage)
+    # What specguard's router said of the request (its X-Specguard-Class and X-Specguard-Pool
+    # response headers): empty when the answer did not come through the router.
+    route_class: str = ""
+    route_pool: str = ""
 
     @property
     def tpot(self) -> float | None:
@@ -88,6 +96,8 @@ async def send(
     result = Result(klass, time.perf_counter())
     try:
         async with asyncio.timeout(timeout), session.post(url + path, json=request) as answer:
+            result.route_class = answer.headers.get(ROUTE_CLASS, "")
+            result.route_pool = answer.headers.get(ROUTE_POOL, "")
             if answer.status != 200:
                 text = (await answer.text())[:300]
                 kind = "http_4xx" if answer.status < 500 else "http_5xx"

@@ -6,7 +6,7 @@ benchmark that mixes them hides the difference, so every prompt carries its clas
 reported per class.
 
 A prompt file is either JSONL (one object per line, ``prompt`` or OpenAI-style ``messages``, with
-optional ``class`` and ``max_tokens``) or a ShareGPT-style JSON array; the format is told by the
+optional ``class``, ``max_tokens`` and ``temperature``) or a ShareGPT-style JSON array; the format is told by the
 content, since such files are often saved under whatever suffix the tool that made them chose.
 Every problem with a file is a :class:`PromptError` in ``file:line: field: message`` form.
 """
@@ -33,6 +33,7 @@ class Prompt:
     klass: str  # the traffic class ("chat", ..., or the file's "class" field, or "file")
     text: str  # the user message (for /v1/completions: the prompt itself)
     max_tokens: int | None = None  # a per-prompt output length, when the file gives one
+    temperature: float | None = None  # a per-prompt sampling temperature, when the file gives one
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,15 @@ def _jsonl_record(record: Any, label: str, line: int) -> Prompt:
     ):
         shown = json.dumps(max_tokens, ensure_ascii=False)
         raise fail("max_tokens", f"must be a positive integer, got {shown}")
-    return Prompt(klass.strip(), text, max_tokens)
+    temperature = record.get("temperature")
+    if temperature is not None and (
+        not isinstance(temperature, int | float)
+        or isinstance(temperature, bool)
+        or not 0 <= temperature <= 100
+    ):
+        shown = json.dumps(temperature, ensure_ascii=False)
+        raise fail("temperature", f"must be a number from 0 to 100, got {shown}")
+    return Prompt(klass.strip(), text, max_tokens, None if temperature is None else float(temperature))
 
 
 def _last_user_message(messages: Any, fail: _Fail) -> str:

@@ -17,6 +17,7 @@ from specguard.playbook.bench import client, histograms, stats
 from specguard.playbook.bench.load import Load, run, warm_up
 from specguard.playbook.bench.plan import Plan, PlanError, count_tokens, plan
 from specguard.playbook.bench.prompts import Prompt
+from specguard.playbook.bench.routing import by_route
 
 
 class BenchError(Exception):
@@ -37,6 +38,9 @@ class Options:
     against: str | None = None
     named_classes: tuple[str, ...] = ()  # classes asked for by name: the run fails if one cannot run
     source: str = ""  # where the prompts come from, for messages (a file's name)
+    # Where the acceptance counters are read (default: url): through specguard's router, /metrics
+    # is not a path it inspects and goes to its default pool, so give the speculative server's.
+    metrics_url: str | None = None
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Server:
     model: str
     version: str | None
     max_model_len: int | None  # from /v1/models; None when the server does not say
+    metrics: str = ""  # whose /metrics counts its requests (default: url)
     positions: int = 0  # k as vLLM counts it (draft positions), 0 without speculative decoding
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     spans: list[histograms.Span] = field(default_factory=list)  # each phase's /metrics readings
@@ -75,6 +80,7 @@ async def bench(options: Options, progress: Progress | None = None) -> dict[str,
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         main = await _connect(session, options.url, options.model)
+        main.metrics = (options.metrics_url or "").rstrip("/")
         other = await _connect(session, options.against, options.model) if options.against else None
         planned = await _plan(session, options, main, other)
         if progress is not None:
@@ -100,6 +106,9 @@ async def bench(options: Options, progress: Progress | None = None) -> dict[str,
         "phases": main.phases,
         "overall": _overall(main),
     }
+    routed = by_route(main.phases)
+    if routed is not None:
+        report["routing"] = routed
     if other is not None:
         report["against"] = {**_shown(other), "phases": other.phases, "overall": _overall(other)}
         report["comparison"] = compare(main, other)
@@ -114,6 +123,7 @@ async def bench(options: Options, progress: Progress | None = None) -> dict[str,
 def _shown(server: Server) -> dict[str, Any]:
     return {
         "url": server.url,
+        "metrics_url": server.metrics or server.url,
         "model": server.model,
         "vllm_version": server.version,
         "max_model_len": server.max_model_len,
@@ -170,13 +180,14 @@ async def _measure(
     for phase in planned.phases:
 
         async def send(prompt: Prompt) -> client.Result:
+            temperature = options.temperature if prompt.temperature is None else prompt.temperature
             request = client.body(
                 options.api, server.model, prompt.text, prompt.max_tokens or options.max_tokens,
-                options.temperature, options.load.seed,
+                temperature, options.load.seed,
             )  # fmt: skip
             return await client.send(session, server.url, options.api, request, prompt.klass, options.timeout)
 
-        start = await _read(session, server.url)
+        start = await _read(session, server.metrics or server.url)
         warmed = await warm_up(options.load, phase.prompts, send)
         before = await _settled(session, server, start, sum(1 for r in warmed if r.ok))
         load = replace(options.load, num_prompts=phase.requests, warmup=0)
@@ -208,14 +219,14 @@ async def _settled(
 ) -> histograms.Reading | None:
     """The server's page once its e2e histogram has counted the ``completed`` requests answered
     since ``before``, or the last one read within SETTLE_SECONDS."""
-    after = await _read(session, server.url)
+    after = await _read(session, server.metrics or server.url)
     deadline = time.monotonic() + SETTLE_SECONDS
     while before is not None and after is not None and time.monotonic() < deadline:
         counted = histograms.requests_counted(server.model, (before, after))
         if counted is None or counted >= completed:
             break
         await asyncio.sleep(SETTLE_STEP)
-        after = await _read(session, server.url) or after
+        after = await _read(session, server.metrics or server.url) or after
     return after
 
 

@@ -16,6 +16,7 @@ from pytest_aiohttp import AiohttpServer
 from specguard.config.loading import LoadedRule
 from specguard.daemon.evaluation import evaluate_rule
 from specguard.rules.matchers import Matcher
+from specguard.rules.router_signals import ROUTER_SIGNALS
 from specguard.rules.schema import Rule
 from specguard.rules.signals import CATALOG, DEFAULT_GROUP_BY, Kind, get_signal
 from specguard.sources.base import SourceResult
@@ -32,6 +33,10 @@ from tests.replay import (
     ReplayedVllm,
     histogram_quantile,
 )
+from tests.router_pages import RouterCounts
+
+# The vLLM signals: the router's read its own page (tests/unit/sources/test_router_target.py).
+VLLM_SIGNALS = {name: s for name, s in CATALOG.items() if s not in ROUTER_SIGNALS}
 
 if TYPE_CHECKING:  # fixture types; conftest is not imported at run time
     from conftest import MetricsServer, PrometheusServer
@@ -175,6 +180,68 @@ async def test_drafts_shorter_than_k_are_an_error_naming_the_bias_through_promet
 
 
 @pytest.mark.real
+async def test_the_router_s_signals_are_promql_that_real_prometheus_evaluates_per_class_and_pool(
+    metrics_server: MetricsServer, prometheus: PrometheusServer
+) -> None:
+    counts = RouterCounts()
+
+    def page() -> str:  # every scrape: 1 short request (0.2 s), 3 default ones (3 s), 1 bad body
+        counts.observe("short", "standard", [0.2])
+        counts.observe("default", "speculative", [3.0, 3.0, 3.0])
+        counts.malformed["json"] = counts.malformed.get("json", 0) + 1
+        return counts.page()
+
+    metrics_server.body = page
+    waiting = PrometheusSource(prometheus.url, timeout=5.0)
+    try:
+        await wait_for_data(
+            lambda: waiting.query_signal(get_signal("routed_request_rate"), WINDOW, DEFAULT_GROUP_BY),
+            series=2,
+        )
+    finally:
+        await waiting.close()
+    more = metrics_server.scrapes + 2  # two scrapes more: a moment with both samples rate() needs
+    while metrics_server.scrapes < more:
+        await asyncio.sleep(0.2)
+    at = round(time.time() - 0.5, 3)  # every query at one moment Prometheus has ingested
+    source = PrometheusSource(prometheus.url, timeout=5.0, clock=lambda: at)
+    try:
+        await _router_answers(source, metrics_server.target)
+    finally:
+        await source.close()
+
+
+async def _router_answers(source: PrometheusSource, target: str) -> None:
+    rate = await source.query_signal(get_signal("routed_request_rate"), WINDOW, DEFAULT_GROUP_BY)
+    router = {"instance": target}  # the router's page has no model_name
+    rates = {(s.labels["class"], s.labels["pool"]): s.value for s in rate.series}
+    assert all(
+        s.labels == {**router, "class": s.labels["class"], "pool": s.labels["pool"]} for s in rate.series
+    )
+    assert set(rates) == {("short", "standard"), ("default", "speculative")}
+    assert rates["default", "speculative"] == pytest.approx(3 * rates["short", "standard"], rel=1e-9)
+    for name in ("routed_latency_p50", "routed_latency_p95"):
+        latency = await source.query_signal(get_signal(name), WINDOW, DEFAULT_GROUP_BY)
+        assert latency.error is None and not latency.invalid
+        values = {s.labels["class"]: s.value for s in latency.series}
+        assert 0.1 < values["short"] <= 0.25 and 2.5 < values["default"] <= 5.0, (name, values)
+    malformed = await source.query_signal(get_signal("routed_malformed_rate"), WINDOW, DEFAULT_GROUP_BY)
+    ((labels, value),) = [(s.labels, s.value) for s in malformed.series]
+    assert labels == {**router, "reason": "json"}
+    assert value == pytest.approx(rates["short", "standard"], rel=1e-9)
+    by_class = await source.query_signal(
+        get_signal("routed_request_rate"), WINDOW, ["class"], keep_intrinsic=False
+    )
+    assert {s.labels["class"]: s.value for s in by_class.series} == pytest.approx(
+        {"short": rates["short", "standard"], "default": rates["default", "speculative"]}, rel=1e-9
+    )
+    # vLLM's signals read no data from the router's page, and no error
+    for name, signal in VLLM_SIGNALS.items():
+        if signal.kind is not Kind.SPEEDUP:
+            answer = await source.query_signal(signal, WINDOW, DEFAULT_GROUP_BY)
+            assert answer.error is None and answer.series == () and answer.invalid == (), name
+
+
 async def test_every_catalog_signal_is_promql_that_real_prometheus_evaluates(
     metrics_server: MetricsServer, source: PrometheusSource
 ) -> None:
@@ -182,7 +249,7 @@ async def test_every_catalog_signal_is_promql_that_real_prometheus_evaluates(
     await wait_for_data(lambda: source.query_signal(get_signal("e2e_latency_p95"), WINDOW, DEFAULT_GROUP_BY))
     answers = {
         (name, tuple(group_by)): await source.query_signal(signal, WINDOW, group_by)
-        for name, signal in CATALOG.items()
+        for name, signal in VLLM_SIGNALS.items()
         if signal.kind is not Kind.SPEEDUP  # derived from two of the others
         for group_by in GROUPINGS
     }
@@ -194,7 +261,7 @@ async def test_every_catalog_signal_is_promql_that_real_prometheus_evaluates(
             assert set(series.labels) == {*group_by, *CATALOG[name].intrinsic_labels}, name
     quantiles = {
         name: answers[(name, DEFAULT_GROUP_BY)].series[0].value
-        for name, signal in CATALOG.items()
+        for name, signal in VLLM_SIGNALS.items()
         if signal.kind is Kind.QUANTILE
     }
     assert quantiles == {
