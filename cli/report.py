@@ -104,7 +104,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 args.out,
                 loaded.baseline,
                 remedies=remedies,
-                routing=getattr(loaded.config, "routing", None),
+                routing=loaded.config.routing,
             )
             return paths
 

@@ -197,7 +197,7 @@ class Jobs:
                 shared.store, trigger, scheduled, config.report.period, config.report.formats,
                 config.reports_dir(), shared.loaded.baseline, deliver if slack is not None else None,
                 remedies=[name for name, action in shared.dispatcher.actions.items() if action.changes_world],
-                routing=getattr(config, "routing", None),
+                routing=config.routing,
             )  # fmt: skip
         except Exception:  # a report must never take the daemon down: said, and tried next time
             log.exception("the weekly report of %s failed", datetime.fromtimestamp(scheduled, UTC).date())

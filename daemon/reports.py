@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from specguard.config.routing import RoutingConfig
 from specguard.store.baseline import Baseline
 from specguard.store.database import Store
 
@@ -30,7 +31,7 @@ class WeeklyReports(Protocol):
         baseline: Baseline | None,
         deliver: Callable[[Any], Awaitable[None]] | None = None,
         remedies: Collection[str] = (),
-        routing: Any = None,
+        routing: RoutingConfig | None = None,
     ) -> Any:
         """Make the report scheduled for ``scheduled`` unless it was made already."""
 

@@ -18,6 +18,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from specguard.config.routing import RoutingConfig
 from specguard.report import figures as fig
 from specguard.rules.router_signals import ROUTE_BUCKETS
 from specguard.sources.quantiles import bucket_quantile
@@ -32,18 +33,11 @@ def is_router(spans: Iterable[Span]) -> bool:
     return bool(keys) and all(key.startswith((ROUTE, MALFORMED)) for key in keys)
 
 
-def pools_of(routing: Any) -> dict[str, tuple[str, ...]]:
-    """Each pool's servers from a routing config section (``pools: {name: {servers: [...]}}``), or
-    nothing when there is none."""
-    pools = getattr(routing, "pools", None)
-    if not isinstance(pools, Mapping):
+def pools_of(routing: RoutingConfig | None) -> dict[str, tuple[str, ...]]:
+    """Each pool's servers (``host:port``) from the config's routing section; none without one."""
+    if routing is None:
         return {}
-    out: dict[str, tuple[str, ...]] = {}
-    for name, pool in pools.items():
-        servers = pool.get("servers") if isinstance(pool, Mapping) else getattr(pool, "servers", None)
-        if isinstance(servers, list | tuple):
-            out[str(name)] = tuple(str(server) for server in servers)
-    return out
+    return {name: pool.servers for name, pool in routing.pools.items()}
 
 
 def traffic(

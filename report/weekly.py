@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specguard.common.schedule import last_due, previous_fire
+from specguard.config.routing import RoutingConfig
 from specguard.report.build import build
 from specguard.report.model import Report
 from specguard.report.traffic import pools_of
@@ -51,7 +52,7 @@ async def make(
     baseline: Baseline | None,
     host: str | None = None,
     remedies: Collection[str] = (),
-    routing: Any = None,
+    routing: RoutingConfig | None = None,
 ) -> tuple[Report, list[Path]]:
     """Build the report of ``[start, end)`` and write it in each of ``formats`` into ``out_dir``
     (``remedies``: the names of the actions that change the world, see ``build``; ``routing``: the
@@ -171,7 +172,7 @@ async def scheduled_report(
     baseline: Baseline | None,
     deliver: Callable[[Report], Awaitable[None]] | None = None,
     remedies: Collection[str] = (),
-    routing: Any = None,
+    routing: RoutingConfig | None = None,
 ) -> tuple[Report, list[Path]] | None:
     """Make the report ``trigger`` scheduled for ``scheduled`` (of its ``period_of``, at least
     ``least`` long) unless it was made already; its files, or None when it had been made.

@@ -129,14 +129,18 @@ async def test_no_router_series_no_section(store: Store) -> None:
 
 
 def test_the_pools_servers_come_from_the_routing_section_as_the_config_holds_it() -> None:
-    from types import SimpleNamespace
-
+    from specguard.config.routing import RoutingConfig
     from specguard.report.traffic import pools_of
 
-    routing = SimpleNamespace(
-        pools={
-            "speculative": SimpleNamespace(servers=["127.0.0.1:8000"]),
-            "standard": {"servers": ["10.0.0.2:8001"]},
+    routing = RoutingConfig.model_validate(
+        {
+            "flag_file": "/var/lib/specguard/routing-flag.json",
+            "pools": {
+                "speculative": {"servers": ["127.0.0.1:8000"]},
+                "standard": {"servers": ["10.0.0.2:8001"]},
+            },
+            "default_pool": "speculative",
+            "fallback_pool": "standard",
         }
     )
     assert pools_of(routing) == {"speculative": ("127.0.0.1:8000",), "standard": ("10.0.0.2:8001",)}
