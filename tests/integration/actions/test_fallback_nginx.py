@@ -385,6 +385,13 @@ async def test_a_flag_restored_by_hand_while_the_rule_fires_is_put_right(tmp_pat
         assert json.loads(world.flag.read_text()) == {"fallback": False}
         assert await pool_of_next(world) == "speculative"
 
+        # engaged by hand through the admin location while nothing fires: not specguard's to undo
+        runs = fallback_runs(daemon.store.path)
+        assert (await world.admin("PUT", {"fallback": True}))["fallback"] is True
+        await asyncio.sleep(1.0)  # ten ticks
+        assert (await world.admin())["fallback"] is True and fallback_runs(daemon.store.path) == runs
+        assert memory(daemon.store.path)["state"] == "restored"
+
 
 async def test_a_daemon_stopped_between_the_file_and_the_router_completes_the_engage_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
