@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter, ValidationError
 
 from specguard.actions.feature_flag import FeatureFlagAction
+from specguard.common.addresses import is_loopback
 from specguard.common.names import did_you_mean
 from specguard.common.yamlfile import LineDict, Problem, line_of
-from specguard.config.routing import is_loopback, split_host_port
+from specguard.config.routing import split_host_port
 from specguard.rules.schema import Rule
 from specguard.rules.signals import CATALOG
 

@@ -12,12 +12,12 @@ classes in Python.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from specguard.common.addresses import is_loopback
 from specguard.common.paths import ConfigPath
 from specguard.common.sizes import parse_size
 
@@ -52,15 +52,6 @@ def split_host_port(value: str) -> tuple[str, int]:
     if match is None or not 1 <= port <= 65535:
         raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:8080, [::1]:8080)")
     return match.group("v6") or match.group("host"), port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Strict(BaseModel):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from specguard.common.addresses import is_loopback
 from specguard.common.schedule import cron
 from specguard.common.secrets import SecretRef
 from specguard.common.sizes import parse_size
@@ -184,12 +184,7 @@ class ServerConfig(_Strict):
     @property
     def loopback(self) -> bool:
         """Whether only this host can reach the server."""
-        if self.listen == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.listen).is_loopback
-        except ValueError:
-            return False  # a host name: it may resolve to anything
+        return is_loopback(self.listen)
 
     @property
     def token_field(self) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import logging
 import secrets
 import sqlite3
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from specguard.common.addresses import is_loopback
 from specguard.common.secrets import bearer_matches
 from specguard.daemon.statusview import Condition, Section, Tone, View, build, clock, match_text
 from specguard.dispatch import silences
@@ -183,13 +183,7 @@ def _cross_site(request: web.Request) -> str | None:
 
 
 def _loopback_host(host: str) -> bool:
-    name = urlsplit(f"//{host}").hostname or ""
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(f"//{host}").hostname or "")
 
 
 def _html(body: str, status: int = 200) -> web.Response:

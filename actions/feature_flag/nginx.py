@@ -13,7 +13,6 @@ rather than trust either.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 from typing import Any
 
@@ -23,6 +22,7 @@ from yarl import URL
 
 from specguard.actions.feature_flag.answers import QUOTE, AnswerError, fetch
 from specguard.actions.feature_flag.backends import BackendError
+from specguard.common.addresses import is_loopback
 from specguard.common.files import read_or_none, write_atomically
 from specguard.common.http import MAX_RESPONSE_SIZE
 from specguard.common.paths import ConfigPath
@@ -31,15 +31,6 @@ from specguard.rules.durations import Duration
 FLAG_PATH = "/specguard/flag"
 MAX_BACKOFF = 30.0  # the most a retry waits, as for the http backend
 FILE_WRITE = 1.0  # what the file's write is allowed in the longest change
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class NginxParams(BaseModel):
