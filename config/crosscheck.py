@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from specguard.actions.feature_flag import FeatureFlagAction
 from specguard.common.names import did_you_mean
 from specguard.common.yamlfile import LineDict, Problem, line_of
+from specguard.config.routing import is_loopback, split_host_port
 from specguard.rules.schema import Rule
 from specguard.rules.signals import CATALOG
 
@@ -95,6 +97,7 @@ def cross_check(loaded: Loaded, refs: Sequence[RuleRef], data: Any, every_rule: 
             _check_rule(loaded, ref, ref.rule)
     if every_rule:
         _check_unused_actions(loaded, refs, data)
+    _check_router_flags(loaded, data)
 
 
 def _check_actions(loaded: Loaded, ref: RuleRef) -> None:
@@ -218,3 +221,57 @@ def _check_unused_actions(loaded: Loaded, refs: Sequence[RuleRef], data: Any) ->
         where = line_of(data, ("actions", name))
         file = loaded.config_file or "<defaults>"
         loaded.problems.append(Problem(file, where, f"actions.{name}", message, warning=True))
+
+
+def _same_address(admin_url: tuple[str, int], admin_listen: tuple[str, int]) -> bool:
+    """Whether the action's admin_url reaches the router's admin_listen (``localhost`` reaches a
+    loopback address, a loopback address ``localhost``)."""
+    (host, port), (listen_host, listen_port) = admin_url, admin_listen
+    if port != listen_port:
+        return False
+    if host == listen_host:
+        return True
+    return "localhost" in (host, listen_host) and is_loopback(host) and is_loopback(listen_host)
+
+
+def _check_router_flags(loaded: Loaded, data: Any) -> None:
+    """A ``feature_flag`` with an ``nginx`` backend must name the router the ``routing:`` section
+    renders: its ``admin_listen`` and its ``flag_file``. One of the two matching and the other not
+    is a mistake (the router would lose the flag on a restart, or never be told): an error. Neither
+    matching may be another router, rendered from another config: a warning."""
+    routing = loaded.config.routing
+    if routing is None or "routing" in loaded.invalid_keys:
+        return
+    listen = split_host_port(routing.admin_listen)
+    file = loaded.config_file or "<defaults>"
+    for name, action in sorted(loaded.actions.items()):
+        if not isinstance(action, FeatureFlagAction) or action.flag.nginx is None:
+            continue
+        nginx = action.flag.nginx
+        url_ok = _same_address(nginx.hostport(), listen)
+        file_ok = nginx.flag_file == routing.flag_file
+        if url_ok and file_ok:
+            continue
+        where = ("actions", name, "nginx")
+        if not url_ok and not file_ok:
+            message = (
+                f"names neither the routing section's admin_listen {routing.admin_listen} nor its flag_file "
+                f"{routing.flag_file}: fine for a router rendered from another config, otherwise give "
+                f"admin_url: http://{routing.admin_listen} and flag_file: {routing.flag_file}"
+            )
+            line = line_of(data, where)
+            loaded.problems.append(Problem(file, line, f"actions.{name}.nginx", message, warning=True))
+        elif not url_ok:
+            message = (
+                f"{nginx.admin_url} is not the routing section's admin_listen {routing.admin_listen}, whose "
+                f"flag_file this action writes: give admin_url: http://{routing.admin_listen}"
+            )
+            line = line_of(data, (*where, "admin_url"))
+            loaded.problems.append(Problem(file, line, f"actions.{name}.nginx.admin_url", message))
+        else:
+            message = (
+                f"{nginx.flag_file} is not the routing section's flag_file {routing.flag_file}: nginx would "
+                f"read the other one when it starts, and forget the fallback; give flag_file: {routing.flag_file}"
+            )
+            line = line_of(data, (*where, "flag_file"))
+            loaded.problems.append(Problem(file, line, f"actions.{name}.nginx.flag_file", message))

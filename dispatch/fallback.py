@@ -313,6 +313,13 @@ def _seen(record: dict[str, Any], world: str, now: float, confirms: bool) -> str
     follows (not so for a file whose reload command may not have run)."""
     was, last = record["state"], record.get("seen")
     record["seen"] = world
+    if world == UNKNOWN:  # read, and neither throughout (the nginx router and its flag file disagree)
+        if was == UNKNOWN:
+            return None  # the change under way writes both
+        if was == RESTORED:  # engaged in part, and not by specguard (by hand through one of them)
+            return None if last == world else "the router and its flag file disagree: left as they are"
+        confirmed(record, UNKNOWN, now)
+        return "the router and its flag file disagree (changed by hand?): both written again"
     if was == UNKNOWN:
         if not confirms:
             return None  # written again, its reload command with it

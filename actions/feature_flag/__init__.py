@@ -42,6 +42,7 @@ from specguard.actions.feature_flag.backends import (
     HttpParams,
 )
 from specguard.actions.feature_flag.canary import Canary, CanaryParams
+from specguard.actions.feature_flag.nginx import NginxBackend, NginxParams
 from specguard.actions.sizes import ResponseSize
 from specguard.common.http import MAX_RESPONSE_SIZE
 from specguard.common.locks import named_lock
@@ -58,6 +59,7 @@ class FeatureFlagParams(ActionParams):
     timeout: Duration = Field(180.0, gt=0)  # one engage or restore: its retries and the canary included
     http: HttpParams | None = None
     file: FileParams | None = None
+    nginx: NginxParams | None = None  # specguard's own router (`specguard routing render`)
     quiet_period: Duration = Field(300.0, ge=0)  # nothing fired this long before the flag is restored
     canary: CanaryParams | None = None
     restore_backoff: Duration = Field(300.0, gt=0)  # after a canary that saw acceptance still low; doubled
@@ -71,8 +73,13 @@ class FeatureFlagParams(ActionParams):
 
     @model_validator(mode="after")
     def _one_backend(self) -> FeatureFlagParams:
-        if (self.http is None) == (self.file is None):
-            raise ValueError("give one backend: `http` (a flag API) or `file` (a flag file)")
+        given = [name for name in ("http", "file", "nginx") if getattr(self, name) is not None]
+        if len(given) != 1:
+            said = f"not {' and '.join(f'`{name}`' for name in given)}" if given else "none is given"
+            raise ValueError(
+                "give exactly one backend: `http` (a flag API), `file` (a flag file) or `nginx` "
+                f"(specguard's router); {said}"
+            )
         longest = self.longest_restore()
         if self.timeout < longest:
             raise ValueError(
@@ -83,7 +90,7 @@ class FeatureFlagParams(ActionParams):
         return self
 
     def longest_write(self) -> float:
-        backend = self.http if self.http is not None else self.file
+        backend = self.http or self.file or self.nginx
         assert backend is not None
         return backend.longest_write()
 
@@ -100,6 +107,12 @@ class FeatureFlagParams(ActionParams):
             parts.append(
                 f"the flag API's {h.retries + 1} tries of up to {format_duration(h.request_timeout)} "
                 f"(http.retries, http.request_timeout) and the waits between them"
+            )
+        elif self.nginx is not None:
+            n = self.nginx
+            parts.append(
+                f"the router's flag file and {n.retries + 1} tries of up to {format_duration(n.request_timeout)} "
+                f"(nginx.retries, nginx.request_timeout) and the waits between them"
             )
         elif self.file is not None and self.file.reload is not None:
             parts.append(f"the reload command's timeout {format_duration(self.file.reload_timeout)}")
@@ -193,6 +206,10 @@ class FeatureFlagAction(Action):
             )
             self._values = (params.http.engage, params.http.restore)
             self.read_every = params.http.read_every
+        elif params.nginx is not None:
+            backend = NginxBackend(params.nginx, params.max_response_size)
+            self._values = ({"fallback": True}, {"fallback": False})
+            self.read_every = 0.0  # the router's admin location is on loopback: read on every tick
         else:
             assert params.file is not None
             backend = FileBackend(params.file)
@@ -226,7 +243,8 @@ class FeatureFlagAction(Action):
         return Holding(fallback_engaged=record["state"] != RESTORED)
 
     async def read_world(self) -> str | None:
-        """``engaged`` or ``restored`` as the flag reads now, or None (cannot be read, or neither)."""
+        """``engaged`` or ``restored`` as the flag reads now, ``unknown`` (the nginx router and its
+        flag file disagree), or None (cannot be read, or neither)."""
         try:
             return await self.backend.read(*self._values)
         except (BackendError, OSError):

@@ -50,7 +50,9 @@ class Backend(Protocol):
     async def read(self, engage: Any, restore: Any) -> str | None:
         """What the flag says now, read from the world: ``engaged`` or ``restored`` (it holds
         ``engage``'s or ``restore``'s value), or None when it cannot be read or holds neither
-        (no way to read configured, a missing file, a value someone else wrote)."""
+        (no way to read configured, a missing file, a value someone else wrote). A backend of
+        two places (the nginx router: its admin location and its flag file) answers ``unknown``
+        when they disagree: what was confirmed no longer holds, and the change is made again."""
         ...
 
 
