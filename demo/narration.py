@@ -210,20 +210,22 @@ def print_banner(
 
 
 def _phases(run: DemoRun, traffic: Traffic, end: float) -> list[tuple[str, float | None]]:
-    """Clients' p95 latency in each phase of the loop (requests that started and ended in it)."""
+    """Clients' p95 latency in each phase of the loop, of the requests that started and ended in it
+    (a request is sent where the router says when it starts: one started before the traffic moved
+    is still on the pool it left)."""
     marks, started = run.marks, run.terminal.started
     bounds = [
         ("healthy", 3.0, marks.get("acceptance drops")),
-        ("collapsed", (marks.get("acceptance drops") or end) + 3.0, marks.get("traffic moved")),
-        ("on the fallback", (marks.get("traffic moved") or end) + 2.0, marks.get("traffic back")),
-        ("restored", (marks.get("traffic back") or end) + 2.0, end),
+        ("collapsed", marks.get("acceptance drops") or end, marks.get("traffic moved")),
+        ("on the fallback", marks.get("traffic moved") or end, marks.get("traffic back")),
+        ("restored", marks.get("traffic back") or end, end),
     ]
     out: list[tuple[str, float | None]] = []
     for name, since, until in bounds:
         if until is None or until <= since:
             out.append((name, None))
             continue
-        out.append((name, traffic.latency(started + since, started + until)))
+        out.append((name, traffic.latency(started + since, started + until, whole=True)))
     return out
 
 

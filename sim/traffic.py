@@ -100,10 +100,16 @@ class Traffic:
                 log.debug("traffic request failed: %s", exc)
                 await asyncio.sleep(0.5)  # the server is down or restarting: do not spin
 
-    def latency(self, since: float, until: float | None = None, quantile: float = 0.95) -> float | None:
-        """The ``quantile`` of the latencies of requests finished in [since, until) (monotonic)."""
+    def latency(
+        self, since: float, until: float | None = None, quantile: float = 0.95, whole: bool = False
+    ) -> float | None:
+        """The ``quantile`` of the latencies of requests finished in [since, until) (monotonic);
+        ``whole``: of those that also started in it."""
         values = sorted(
-            s.seconds for s in self.served if s.finished >= since and (until is None or s.finished < until)
+            s.seconds
+            for s in self.served
+            if (s.finished - s.seconds if whole else s.finished) >= since
+            and (until is None or s.finished < until)
         )
         if not values:
             return None
