@@ -22,6 +22,7 @@ The steps:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,13 +136,36 @@ def holds(condition: Condition, value: Any) -> bool:
     return value is not MISSING and all(_compare(op, value, limit) for op, limit in condition.ops)
 
 
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)
+
+
+def _unpaired_surrogate(text: str) -> bool:
+    """Whether a ``\\uXXXX`` escape names half a surrogate pair without its other half, which
+    cjson refuses (Python's json takes it)."""
+    waiting = False  # a high surrogate seen, its low half due next
+    after = -1  # where the last escape ended
+    for match in _ESCAPE.finditer(text):
+        code = int(match.group(1), 16) if match.group(1) else None
+        low = code is not None and 0xDC00 <= code <= 0xDFFF
+        if waiting != low or (low and match.start() != after):
+            return True
+        waiting = code is not None and 0xD800 <= code <= 0xDBFF
+        after = match.end()
+    return waiting
+
+
 def parse_body(body: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """The body as a JSON object, or None and why not (json | not_object)."""
+    """The body as a JSON object, or None and why not (json | not_object). As lua-cjson reads
+    JSON: bytes that are not UTF-8 pass through, control characters are allowed in strings, and an
+    unpaired surrogate escape is refused."""
+    text = body.decode("utf-8", "surrogateescape")
     try:
-        data = json.loads(body.decode("utf-8", "surrogateescape"), parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, strict=False)
     except ValueError:  # JSONDecodeError among them
         return None, "json"
     except RecursionError:
+        return None, "json"
+    if "\\u" in text and _unpaired_surrogate(text):
         return None, "json"
     if not isinstance(data, dict) or not body.lstrip(b" \t\r\n").startswith(b"{"):
         return None, "not_object"

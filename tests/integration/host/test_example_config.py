@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 from tests.processes import specguard
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "deploy" / "specguard.example.yaml"
-# The keys whose commented blocks are turned on: the actions, the webhook token and the report's
+# The keys whose commented blocks are turned on: the actions, the webhook token, the router and the report's
 # Slack thread. The other commented keys are alternatives to what is set (the Prometheus source
 # instead of scraping, the flag API instead of the file) or need files of the operator's own.
-TURNED_ON = ("webhook_token", "fallback", "oncall", "slack")
+TURNED_ON = ("webhook_token", "fallback", "oncall", "slack", "routing")
 CREDENTIALS = {"webhook-token": "a-webhook-token", "slack-bot-token": "xoxb-example"}
 
 
@@ -99,6 +100,10 @@ async def test_the_example_with_its_actions_on_needs_and_takes_the_credentials(t
     )
     assert code == 0, out + err
     assert out.startswith("OK: 8 rules in 1 file(s), 4 action(s)"), out  # fallback and oncall too
+    if shutil.which("nginx") is not None:  # the router, rendered and checked by nginx -t
+        assert "routing: 3 class(es), nginx -t passed" in out, out
+    else:
+        assert "routing: nginx is not installed on this host" in out, out
     # oncall posts the weekly report (report.slack); the flag waits for a rule that names it
     assert unused_actions(err) == ["fallback", "log-warn"], err
     assert all("baseline" in line for line in warnings(err) if "actions." not in line), err

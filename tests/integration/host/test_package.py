@@ -84,6 +84,7 @@ def test_the_wheel_holds_the_packages_and_their_data_and_no_tests(installed: Ins
     assert not [name for name in names if "/tests/" in name or name.startswith(("tests/", "benchmarks/"))]
     assert "specguard/rules/packs/speculative.yaml" in names
     assert "specguard/playbook/bench/prompts/chat.jsonl" in names
+    assert "specguard/playbook/routing/specguard_routing.lua" in names  # the router render copies
     assert "specguard/cli/__init__.py" in names
     # The license, as PEP 639 places it, byte for byte the file in the tree.
     (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
