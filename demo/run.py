@@ -155,13 +155,14 @@ async def _run(run: DemoRun, began: float, choice: Choice) -> int:
             daemon = Daemon(loaded, config_path, reports=weekly)
             daemon.on_event.append(run.on_event)
             daemon.dispatcher.on_run.append(run.on_run)
+            streams: dict[str, Any] = {"concurrency": 4, "max_tokens": 64, "temperature": HEALTHY_TEMPERATURE}
             if nginx is not None:  # where nginx sends traffic, from the pool each answer names
-                traffic = Traffic(nginx.url, MODEL, concurrency=4, max_tokens=64,
-                                  temperature=HEALTHY_TEMPERATURE, on_answer=PoolWatch("speculative", run.on_pool))  # fmt: skip
+                traffic = Traffic(
+                    nginx.url, MODEL, on_answer=PoolWatch("speculative", run.on_pool), **streams
+                )
             else:
                 router = FlagRouter(directory / FLAG_FILE, spec.url, standard.url, run.on_route)
-                traffic = Traffic(spec.url, MODEL, concurrency=4, max_tokens=64,
-                                  temperature=HEALTHY_TEMPERATURE, route=router)  # fmt: skip
+                traffic = Traffic(spec.url, MODEL, route=router, **streams)
             try:
                 await daemon.start(handle_signals=False)
                 print_banner(t, spec, standard, daemon, slack, directory, run.routing, choice.version)
