@@ -815,7 +815,10 @@ def test_a_feature_flag_without_a_backend(capsys: pytest.CaptureFixture[str]) ->
     write("cfg.yaml", "actions:\n  fallback:\n    type: feature_flag\n    quiet_period: 5m\n")
     code, _, err = check(capsys, "--config", "cfg.yaml")
     line = assert_one_error(code, err, "cfg.yaml:2: actions.fallback: ")
-    assert "give one backend: `http` (a flag API) or `file` (a flag file)" in line
+    assert (
+        "give exactly one backend: `http` (a flag API), `file` (a flag file) or `nginx` (specguard's router); "
+        "none is given"
+    ) in line
 
 
 def test_a_feature_flag_field_of_the_wrong_kind(capsys: pytest.CaptureFixture[str]) -> None:
