@@ -73,7 +73,8 @@ e2e: $(STAMP) $(VLLM_STAMP)
 	SPECGUARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest tests/e2e -v --durations=0 -m own_server
 
 # Measured as ratios against a baseline in the same run; results are kept in benchmarks/results/.
-# bench_footprint runs three daemons for about 8 minutes.
+# bench_footprint runs three daemons for about 8 minutes; bench_routing needs nginx with its Lua module
+# and lua-cjson (about 2 minutes).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_scrape_source.py --write benchmarks/results/scrape_source.md
 	$(BIN)/python benchmarks/bench_footprint.py --write benchmarks/results/footprint.md
@@ -83,6 +84,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_report.py --write benchmarks/results/report.md
 	$(BIN)/python benchmarks/bench_collapse_detector.py --write benchmarks/results/collapse_detector.md
 	$(BIN)/python benchmarks/bench_warmup_homogeneity.py --write benchmarks/results/warmup_homogeneity.md
+	$(BIN)/python benchmarks/bench_routing.py --write benchmarks/results/routing_latency.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,5 +1,5 @@
 """What the demo tells on the terminal: the banner, the daemon's events and action runs, the router's
-moves and Slack's messages as they come (each marked by time, for the summary), a pulse line every
+moves (the demo's own router's, or nginx's as its answers name the pool) and Slack's messages as they come (each marked by time, for the summary), a pulse line every
 few seconds, and the summary of the loop at the end."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from specguard.demo.scenario import (
     CHANNEL,
     FALLBACK_RULE,
     FLAG_FILE,
+    ROUTING_FLAG_FILE,
     SPEEDUP,
     Timeline,
 )
@@ -63,6 +65,14 @@ class DemoRun:
     marks: dict[str, float] = field(default_factory=dict)  # what happened when, seconds from start
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # the loop is complete
+    routing: dict[str, Any] | None = None  # the routing: section, while nginx routes
+    router_said: str = ""  # which router, and why
+    pool_names: dict[str, str] = field(default_factory=dict)  # a server URL's pool (the demo's own router)
+    routed: Counter[str] | None = None  # nginx's own count of requests per pool, at the end
+
+    def pool(self, server: str) -> str:
+        """The pool a request was served by (Served.server: nginx's X-Specguard-Pool or a URL)."""
+        return self.pool_names.get(server, server)
 
     def mark(self, what: str) -> None:
         self.marks.setdefault(what, self.terminal.now())
@@ -114,6 +124,18 @@ class DemoRun:
             t.line(f"router: {FLAG_FILE} says speculative: false -> traffic to standard decoding ({server})",
                    "bold", "green")  # fmt: skip
 
+    def on_pool(self, pool: str) -> None:
+        """nginx sends new requests to ``pool`` (as their answers' X-Specguard-Pool says)."""
+        t = self.terminal
+        if pool == "speculative":
+            self.mark("traffic back")
+            t.line(f"router: nginx sends traffic back to speculative decoding (X-Specguard-Pool: {pool})",
+                   "bold", "green")  # fmt: skip
+        else:
+            self.mark("traffic moved")
+            t.line(f"router: nginx sends traffic to standard decoding (X-Specguard-Pool: {pool})",
+                   "bold", "green")  # fmt: skip
+
     def on_slack(self, kind: str, message: dict[str, Any]) -> None:
         t = self.terminal
         lines = slack_lines(message.get("blocks"), message.get("text"))
@@ -131,7 +153,7 @@ class DemoRun:
             t.detail(f"| {line}", "cyan")
 
 
-async def pulse(run: DemoRun, daemon: Daemon, traffic: Traffic, speculative: str) -> None:
+async def pulse(run: DemoRun, daemon: Daemon, traffic: Traffic) -> None:
     """A status line every few seconds: acceptance as specguard reads it from the speculative
     server, and the latency the router's clients saw."""
     every = run.timeline.pulse_every
@@ -144,7 +166,9 @@ async def pulse(run: DemoRun, daemon: Daemon, traffic: Traffic, speculative: str
         latency = "-" if p95 is None else f"{p95:.2f}s"
         share = sum(1 for s in traffic.served if s.finished >= time.monotonic() - every)
         on_spec = sum(
-            1 for s in traffic.served if s.finished >= time.monotonic() - every and s.server == speculative
+            1
+            for s in traffic.served
+            if s.finished >= time.monotonic() - every and run.pool(s.server) == "speculative"
         )
         run.terminal.line(
             f"pulse: {acceptance}, clients' p95 {latency}, "
@@ -154,15 +178,27 @@ async def pulse(run: DemoRun, daemon: Daemon, traffic: Traffic, speculative: str
 
 
 def print_banner(
-    t: Terminal, spec: Simulator, standard: Simulator, daemon: Daemon, slack: SlackApi, directory: Path
+    t: Terminal,
+    spec: Simulator,
+    standard: Simulator,
+    daemon: Daemon,
+    slack: SlackApi,
+    directory: Path,
+    routing: dict[str, Any] | None,
+    version: str,
 ) -> None:
+    if routing is not None:
+        router = (f"http://{routing['listen']}  nginx {version}, specguard's Lua router "
+                  f"(flag and metrics on http://{routing['admin_listen']})")  # fmt: skip
+    else:
+        router = f"the demo's own: sends each request where {directory / FLAG_FILE} says"
     t.line("specguard demo: a simulated vLLM 0.32 with speculative decoding, guarded by specguard",
            "bold", stamp=False)  # fmt: skip
     t.line(stamp=False)
     rows = (
         ("speculative", f"{spec.url}  simulated vLLM, draft model, k=4 (specguard watches it)"),
         ("standard", f"{standard.url}  simulated vLLM, no speculative decoding (the fallback)"),
-        ("router", f"sends each request where {directory / FLAG_FILE} says"),
+        ("router", router),
         ("specguard", f"http://127.0.0.1:{daemon.port}  the shipped rules, windows and durations "
                       f"shortened {SPEEDUP}x; {FALLBACK_RULE} runs fallback and oncall"),
         ("slack", f"{slack.url}  a Slack Web API on loopback (channel {CHANNEL})"),
@@ -174,20 +210,22 @@ def print_banner(
 
 
 def _phases(run: DemoRun, traffic: Traffic, end: float) -> list[tuple[str, float | None]]:
-    """Clients' p95 latency in each phase of the loop (requests that started and ended in it)."""
+    """Clients' p95 latency in each phase of the loop, of the requests that started and ended in it
+    (a request is sent where the router says when it starts: one started before the traffic moved
+    is still on the pool it left)."""
     marks, started = run.marks, run.terminal.started
     bounds = [
         ("healthy", 3.0, marks.get("acceptance drops")),
-        ("collapsed", (marks.get("acceptance drops") or end) + 3.0, marks.get("traffic moved")),
-        ("on the fallback", (marks.get("traffic moved") or end) + 2.0, marks.get("traffic back")),
-        ("restored", (marks.get("traffic back") or end) + 2.0, end),
+        ("collapsed", marks.get("acceptance drops") or end, marks.get("traffic moved")),
+        ("on the fallback", marks.get("traffic moved") or end, marks.get("traffic back")),
+        ("restored", marks.get("traffic back") or end, end),
     ]
     out: list[tuple[str, float | None]] = []
     for name, since, until in bounds:
         if until is None or until <= since:
             out.append((name, None))
             continue
-        out.append((name, traffic.latency(started + since, started + until)))
+        out.append((name, traffic.latency(started + since, started + until, whole=True)))
     return out
 
 
@@ -196,7 +234,6 @@ def print_summary(
     run: DemoRun,
     status: list[dict[str, Any]],
     traffic: Traffic,
-    spec_url: str,
     thread: list[dict[str, Any]],
     interrupted: bool,
     closed: bool,
@@ -225,11 +262,20 @@ def print_summary(
         when = f"fired at {fired:.0f}s" if fired is not None else "did not fire"
         t.line(f"    {row['rule']:<{NAME_WIDTH}} {row['state']:<9} {when}", stamp=False)
     stats = traffic.stats
+    pools: Counter[str] = Counter()
+    for server, count in stats.by_server.items():
+        pools[run.pool(server)] += count
+    told = (
+        "as each answer's X-Specguard-Pool header says" if run.routing else "as the demo's router sent them"
+    )
     t.line(
-        f"  traffic   {stats.requests} requests ({stats.by_server[spec_url]} on speculative decoding), "
-        f"{stats.tokens} tokens, {stats.errors} errors",
+        f"  traffic   {stats.requests} requests: {pools['speculative']} on speculative decoding, "
+        f"{pools['standard']} on standard decoding ({told}); {stats.tokens} tokens, {stats.errors} errors",
         stamp=False,
     )
+    if run.routing is not None:
+        counted = "-" if run.routed is None else ", ".join(f"{p} {n}" for p, n in sorted(run.routed.items()))
+        t.line(f"  nginx     requests routed by pool, its /specguard/metrics: {counted}", stamp=False)
     parents = [m for m in thread if not m.get("thread_ts")]
     for parent in parents:
         replies = [m for m in thread if m.get("thread_ts") == parent["ts"]]
@@ -244,7 +290,13 @@ def print_summary(
         f"  state     {directory / 'specguard.db'}   (SQLite: rule states, events, action runs)", stamp=False
     )
     t.line(f"  log       {directory / 'specguard.log'}  (the daemon's JSON log)", stamp=False)
-    t.line(f"  flag      {directory / FLAG_FILE} (and {FLAG_FILE}.prev, the version before)", stamp=False)
+    if run.routing is not None:
+        t.line(f"  flag      http://{run.routing['admin_listen']}/specguard/flag, and "
+               f"{directory / ROUTING_FLAG_FILE} (which nginx reads when it starts)", stamp=False)  # fmt: skip
+        t.line(f"  router    {directory / 'nginx'}: nginx.conf and the rendered router; logs/access.log "
+               "(each request's class= and pool=)", stamp=False)  # fmt: skip
+    else:
+        t.line(f"  flag      {directory / FLAG_FILE} (and {FLAG_FILE}.prev, the version before)", stamp=False)
     t.line(f"  config    {directory / 'specguard.yaml'}, rules.yaml, baseline.json", stamp=False)
     t.line(f"  try       specguard history --config {directory / 'specguard.yaml'}", stamp=False)
     t.line(f"            specguard check --config {directory / 'specguard.yaml'}", stamp=False)

@@ -1,12 +1,15 @@
 """`specguard demo`: the simulator, the daemon and its real actions, end to end, in about a minute.
 
 A simulated vLLM with speculative decoding (draft model, k = 4) serves steady traffic through a
-router that reads a feature-flag file, as a real router would; a second simulated vLLM, without
-speculative decoding, stands by. specguard watches the speculative server with the shipped rules,
+router; a second simulated vLLM, without speculative decoding, stands by. The router is specguard's
+nginx router (``specguard routing render`` of the demo's ``routing:`` section) when nginx, its Lua
+module and lua-cjson are installed, the ``feature_flag`` action setting its flag through the
+``nginx`` backend; otherwise the demo's own, which reads a feature-flag file the ``file`` backend
+writes, as a real router would (demo.routers). specguard watches the speculative server with the shipped rules,
 their windows shortened 20 times, measures a latency baseline and reloads its config with it.
 
 Then the traffic moves to a high sampling temperature and acceptance collapses. The terminal shows
-the loop as it happens: the rule fires, the ``feature_flag`` action writes the flag file, the
+the loop as it happens: the rule fires, the ``feature_flag`` action sets the flag, the
 router sends traffic to standard decoding and latency improves, the temperature returns to normal,
 the rule resolves, and after the quiet period the canary sees acceptance back, the flag is
 restored and traffic returns. The ``slack`` action tells on-call in a thread on a Slack Web API
@@ -31,10 +34,12 @@ from typing import Any, TextIO
 
 from specguard.common import logs
 from specguard.config.loading import load
+from specguard.config.routing import RoutingConfig
 from specguard.daemon.runtime import Daemon
 from specguard.demo.calibration import wait_calibrated
 from specguard.demo.narration import DemoRun, print_banner, print_summary, pulse
 from specguard.demo.report import MODEL, Terminal, report_section
+from specguard.demo.routers import NGINX_DIR, Choice, NginxRouter, PoolWatch, choose, find_nginx, free_ports
 from specguard.demo.scenario import (
     DETECTOR_RULE,
     DRAFT_COST,
@@ -44,7 +49,9 @@ from specguard.demo.scenario import (
     Timeline,
     measure_baseline,
     prepare,
+    routing_section,
     write_config,
+    write_flag,
 )
 from specguard.report import weekly
 from specguard.sim.flag_router import FlagRouter
@@ -57,7 +64,14 @@ from specguard.store.baseline import Baseline
 from specguard.store.history import MINUTE
 
 
-async def run_demo(directory: Path, out: TextIO, color: bool, timeline: Timeline | None = None) -> int:
+async def run_demo(
+    directory: Path,
+    out: TextIO,
+    color: bool,
+    timeline: Timeline | None = None,
+    choice: Choice | None = None,
+) -> int:
+    """The demo, its router ``choice`` (default: nginx when it can run the router here)."""
     timeline = timeline or Timeline()
     began = time.time()  # the report covers the demo from the start of this minute
     prepare(directory)
@@ -65,10 +79,41 @@ async def run_demo(directory: Path, out: TextIO, color: bool, timeline: Timeline
     # The daemon's log, open until the report is written (matplotlib logs through it too).
     with (directory / "specguard.log").open("a", encoding="utf-8") as log_file:
         logs.setup("json", "info", stream=log_file)
-        return await _run(run, began)
+        return await _run(run, began, choice or find_nginx())
 
 
-async def _run(run: DemoRun, began: float) -> int:
+def _host_port(url: str) -> str:
+    return url.removeprefix("http://").rstrip("/")
+
+
+async def _start_router(
+    run: DemoRun, choice: Choice, spec: Simulator, standard: Simulator
+) -> NginxRouter | None:
+    """nginx running the router of the demo's ``routing:`` section (kept in ``run.routing``), or None
+    for the demo's own router; ``run.router_said`` says which, and why."""
+    run.pool_names = {spec.url: "speculative", standard.url: "standard"}
+    if not choice.nginx:
+        write_flag(run.directory, nginx=False)
+        run.router_said = f"{choice.why}: the demo's own router"
+        return None
+    listen, admin = free_ports(2)
+    routing = routing_section(run.directory, _host_port(spec.url), _host_port(standard.url), listen, admin)
+    write_flag(run.directory, nginx=True)
+    nginx = NginxRouter(choice, run.directory / NGINX_DIR, RoutingConfig.model_validate(routing))
+    try:
+        await nginx.start()
+    except RuntimeError as exc:
+        if choice.forced:
+            raise
+        write_flag(run.directory, nginx=False)
+        run.router_said = f"{exc}: the demo's own router"
+        return None
+    run.routing, run.pool_names = routing, {}
+    run.router_said = f"routing through nginx {choice.version} on {routing['listen']}"
+    return nginx
+
+
+async def _run(run: DemoRun, began: float, choice: Choice) -> int:
     t, directory, timeline = run.terminal, run.directory, run.timeline
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -90,10 +135,18 @@ async def _run(run: DemoRun, began: float) -> int:
     interrupted = closed = False
     baseline: Baseline | None = None
     tasks: list[asyncio.Task[Any]] = []
+    nginx: NginxRouter | None = None
     try:
+        try:
+            nginx = await _start_router(run, choice, spec, standard)
+        except RuntimeError as exc:  # --router nginx, and it did not start
+            t.line(f"--router nginx: {exc}", "red")
+            return 1
         async with running() as slack:
             slack.listeners.append(run.on_slack)
-            config_path = write_config(directory, spec.url, slack, timeline.quiet_period, baseline=False)
+            config_path = write_config(
+                directory, spec.url, slack, timeline.quiet_period, baseline=False, routing=run.routing
+            )
             loaded = load(config_path)
             if not loaded.ok:  # the demo writes these files itself: this is a bug, say so plainly
                 for problem in loaded.errors:
@@ -102,18 +155,23 @@ async def _run(run: DemoRun, began: float) -> int:
             daemon = Daemon(loaded, config_path, reports=weekly)
             daemon.on_event.append(run.on_event)
             daemon.dispatcher.on_run.append(run.on_run)
-            router = FlagRouter(directory / FLAG_FILE, spec.url, standard.url, run.on_route)
-            traffic = Traffic(
-                spec.url, MODEL, concurrency=4, max_tokens=64, temperature=HEALTHY_TEMPERATURE, route=router
-            )
+            streams: dict[str, Any] = {"concurrency": 4, "max_tokens": 64, "temperature": HEALTHY_TEMPERATURE}
+            if nginx is not None:  # where nginx sends traffic, from the pool each answer names
+                traffic = Traffic(
+                    nginx.url, MODEL, on_answer=PoolWatch("speculative", run.on_pool), **streams
+                )
+            else:
+                router = FlagRouter(directory / FLAG_FILE, spec.url, standard.url, run.on_route)
+                traffic = Traffic(spec.url, MODEL, route=router, **streams)
             try:
                 await daemon.start(handle_signals=False)
-                print_banner(t, spec, standard, daemon, slack, directory)
+                print_banner(t, spec, standard, daemon, slack, directory, run.routing, choice.version)
+                t.line(run.router_said)
                 await traffic.start()
                 t.line(
                     f"traffic: 4 concurrent streams at temperature {HEALTHY_TEMPERATURE:g}, through the router"
                 )
-                tasks.append(asyncio.create_task(pulse(run, daemon, traffic, spec.url)))
+                tasks.append(asyncio.create_task(pulse(run, daemon, traffic)))
                 interrupted, closed = await _script(run, daemon, traffic, config_path, spec, slack)
             finally:
                 for task in tasks:
@@ -122,16 +180,20 @@ async def _run(run: DemoRun, began: float) -> int:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 await traffic.stop()
+                if nginx is not None:
+                    run.routed = await nginx.requests_by_pool()
                 summary = daemon.rule_rows()
                 baseline = daemon.loaded.baseline  # the measured one, after the reload
                 await daemon.shutdown()
             thread = [dict(m) for m in slack.posted()]
     finally:
+        if nginx is not None:
+            await nginx.stop()
         await spec.stop()
         await standard.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    print_summary(t, run, summary, traffic, spec.url, thread, interrupted, closed)
+    print_summary(t, run, summary, traffic, thread, interrupted, closed)
     if interrupted:
         return 130
     if not closed:
@@ -221,7 +283,7 @@ async def _baseline_step(
     if value is None:
         t.line("baseline: no latency data yet; latency_regression will report an error", "red")
         return
-    write_config(run.directory, sim.url, slack, run.timeline.quiet_period, baseline=True)
+    write_config(run.directory, sim.url, slack, run.timeline.quiet_period, baseline=True, routing=run.routing)
     reloaded = await daemon.reload()
     t.line(
         f"baseline measured: e2e p95 {value:.2f}s -> baseline.json; config reloaded ({'ok' if reloaded else 'failed'})"
@@ -232,8 +294,12 @@ async def _baseline_step(
     )
 
 
-def main(state_dir: Path | None, color: bool | None) -> int:
+def main(state_dir: Path | None, color: bool | None, router: str = "auto") -> int:
+    choice = choose(router)
+    if isinstance(choice, str):
+        print(f"specguard demo: {choice}", file=sys.stderr)
+        return 2
     directory = state_dir or Path(tempfile.mkdtemp(prefix="specguard-demo-"))
     if color is None:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-    return asyncio.run(run_demo(directory, sys.stdout, color))
+    return asyncio.run(run_demo(directory, sys.stdout, color, choice=choice))

@@ -1,6 +1,7 @@
 """The demo's scenario: its constants and timeline, and the files it sets up in its directory (the
-shipped rules with shortened windows, specguard's config, the router's flag file, the Slack token,
-and the latency baseline measured on the healthy traffic)."""
+shipped rules with shortened windows, specguard's config with the ``routing:`` section of its two
+simulators when nginx routes, the routers' flag files, the Slack token, and the latency baseline
+measured on the healthy traffic)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ CHANNEL = "C0DEMO0NCALL"
 FALLBACK_RULE = "acceptance_fallback"
 DETECTOR_RULE = "acceptance_collapse"
 DETECTOR_WARMUP = 10.0  # seconds of healthy traffic the detector calibrates on
-FLAG_FILE = "flag.json"
+FLAG_FILE = "flag.json"  # the demo's own router's
+ROUTING_FLAG_FILE = "routing-flag.json"  # nginx's: read when it starts; the fallback writes both it and nginx
 # The simulated draft's cost per step against the target's (c): a small draft model's. With it,
 # healthy speculation is about twice as fast as standard decoding and collapsed speculation about a
 # third slower, so the fallback shows in the latency clients see.
@@ -67,10 +69,49 @@ def scaled_rules(factor: int) -> dict[str, Any]:
     return dict(pack)
 
 
-def write_config(directory: Path, spec_url: str, slack: SlackApi, quiet: float, baseline: bool) -> Path:
+def routing_section(
+    directory: Path, speculative: str, standard: str, listen: int, admin: int
+) -> dict[str, Any]:
+    """The ``routing:`` section for the demo's simulators (``host:port`` each) on loopback ports.
+    Its one class (short completions to standard decoding) shows where classes go; the demo's
+    traffic (64 tokens) matches none of them and goes to the speculative pool, so that its
+    temperature reaches the speculative server and the fallback flag is what moves it."""
+    return {
+        "listen": f"127.0.0.1:{listen}",
+        "admin_listen": f"127.0.0.1:{admin}",
+        "flag_file": str(directory.resolve() / ROUTING_FLAG_FILE),
+        "pools": {
+            "speculative": {"servers": [speculative], "keepalive": 8},
+            "standard": {"servers": [standard], "keepalive": 8},
+        },
+        "default_pool": "speculative",
+        "fallback_pool": "standard",
+        "classes": [{"name": "short", "pool": "standard", "when": {"max_tokens": {"lt": 32}}}],
+        "read_timeout": 60,
+    }
+
+
+def fallback_backend(directory: Path, routing: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``feature_flag`` action's backend: nginx's flag when nginx routes, the demo's flag file
+    otherwise."""
+    if routing is not None:
+        return {
+            "nginx": {"admin_url": f"http://{routing['admin_listen']}", "flag_file": routing["flag_file"]}
+        }
+    return {"file": {"path": FLAG_FILE, "engage": {"speculative": False}, "restore": {"speculative": True}}}
+
+
+def write_config(
+    directory: Path,
+    spec_url: str,
+    slack: SlackApi,
+    quiet: float,
+    baseline: bool,
+    routing: dict[str, Any] | None = None,
+) -> Path:
     """specguard's config for the demo in ``directory``: the scrape of the speculative server, the
-    fallback (``quiet`` its quiet period, its canary on that server) and on-call in Slack; with the
-    measured baseline when ``baseline``."""
+    fallback (``quiet`` its quiet period, its canary on that server; nginx's flag with ``routing``,
+    the flag file otherwise) and on-call in Slack; with the measured baseline when ``baseline``."""
     config: dict[str, Any] = {
         "server": {"port": 0},
         "interval": "1s",
@@ -80,11 +121,7 @@ def write_config(directory: Path, spec_url: str, slack: SlackApi, quiet: float, 
         "actions": {
             "fallback": {
                 "type": "feature_flag",
-                "file": {
-                    "path": FLAG_FILE,
-                    "engage": {"speculative": False},
-                    "restore": {"speculative": True},
-                },
+                **fallback_backend(directory, routing),
                 "quiet_period": format_duration(quiet),
                 "canary": {
                     "url": spec_url,
@@ -107,6 +144,8 @@ def write_config(directory: Path, spec_url: str, slack: SlackApi, quiet: float, 
     }
     if baseline:
         config["baseline"] = "baseline.json"
+    if routing is not None:
+        config["routing"] = routing
     path = directory / "specguard.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -141,12 +180,20 @@ async def measure_baseline(daemon: Daemon, directory: Path, window: float, draft
 
 
 def prepare(directory: Path) -> None:
-    """The demo's directory, with the router's flag file (speculative decoding on), the Slack token
-    and the shortened rules."""
+    """The demo's directory, with the Slack token and the shortened rules."""
     directory.mkdir(parents=True, exist_ok=True)
-    # The router's flag file, as a deploy would leave it: speculative decoding on.
-    (directory / FLAG_FILE).write_text(json.dumps({"speculative": True}) + "\n")
     token = directory / "slack-token"  # the bot token, read from a file as in production
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
     (directory / "rules.yaml").write_text(yaml.safe_dump(scaled_rules(SPEEDUP), sort_keys=False))
+
+
+def write_flag(directory: Path, nginx: bool) -> Path:
+    """The router's flag file as a deploy would leave it, speculative decoding on: nginx's
+    (``fallback: false``) or the demo's own router's (``speculative: true``)."""
+    if nginx:
+        path, value = directory / ROUTING_FLAG_FILE, {"fallback": False}
+    else:
+        path, value = directory / FLAG_FILE, {"speculative": True}
+    path.write_text(json.dumps(value) + "\n")
+    return path

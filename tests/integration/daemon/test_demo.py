@@ -1,6 +1,7 @@
 """`specguard demo` runs to completion by itself, as README command one promises, and shows the
-whole loop with the real actions: the flag file written and restored, the router following it, the
-Slack thread on the loopback Web API, history telling it afterwards, and the report of its minutes."""
+whole loop with the real actions: the flag set and restored, the router following it (specguard's
+nginx router, or the demo's own reading a flag file), the Slack thread on the loopback Web API,
+history telling it afterwards, and the report of its minutes."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from specguard.demo.report import Terminal, report_section
+from specguard.demo.routers import Choice, PoolWatch, choose
 from specguard.demo.scenario import CHANNEL, SPEEDUP, scaled_rules
 from specguard.report import charts
 from specguard.report.weekly import charts_missing
+from tests.nginx_router import require_nginx
 
 MILESTONES = {
     # the drop waits for the collapse detector to calibrate on the healthy traffic
@@ -28,20 +31,46 @@ MILESTONES = {
     "drop": r"traffic moves to temperature 1\.5",
     "detected": r"acceptance_collapse +pending -> firing +CUSUM G = [\d.]+ \(h = [\d.]+\)",
     "firing": r"acceptance_fallback +pending -> firing",
-    "engaged": r"action fallback: ok: fallback engaged: wrote \S+flag\.json",
-    "moved": r"router: flag\.json says speculative: false -> traffic to standard decoding",
+    "engaged": r"action fallback: ok: fallback engaged: ",
+    "moved": r"router: .*traffic to standard decoding",
     "posted": rf"Slack {CHANNEL} received a message:",
     "calm": r"the hot traffic ends: temperature back to 0",
     "resolved": r"acceptance_fallback +firing -> resolved",
     "restored": r"action fallback \(restore\): ok: speculative decoding restored .*\(canary: acceptance "
     r"0\.\d+ over \d+ draft tokens \(4 requests\), at or above 0\.5\)",
-    "back": r"router: flag\.json says speculative: true -> traffic back to speculative decoding",
+    "back": r"router: .*traffic back to speculative decoding",
+}
+# How each router tells it: which router, the flag set, the traffic moved and back.
+ROUTERS = {
+    "builtin": {
+        "router": r"--router builtin: the demo's own router",
+        "engaged": r"action fallback: ok: fallback engaged: wrote \S+/flag\.json$",
+        "moved": r"router: flag\.json says speculative: false -> traffic to standard decoding \(http://\S+\)$",
+        "back": r"router: flag\.json says speculative: true -> traffic back to speculative decoding$",
+    },
+    "nginx": {
+        "router": r"routing through nginx \d+\.\d+\.\d+ on 127\.0\.0\.1:\d+$",
+        "engaged": r"action fallback: ok: fallback engaged: wrote \S+/routing-flag\.json; "
+        r"PUT http://127\.0\.0\.1:\d+/specguard/flag: 200$",
+        "moved": r"router: nginx sends traffic to standard decoding \(X-Specguard-Pool: standard\)$",
+        "back": r"router: nginx sends traffic back to speculative decoding \(X-Specguard-Pool: speculative\)$",
+    },
 }
 
 
-def demo(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def demo(tmp_path: Path, router: str = "auto") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "specguard", "demo", "--no-color", "--state-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "specguard",
+            "demo",
+            "--no-color",
+            "--state-dir",
+            str(tmp_path),
+            "--router",
+            router,
+        ],
         capture_output=True,
         text=True,
         timeout=300,  # a hang guard only: the demo's own clock is checked below
@@ -49,8 +78,11 @@ def demo(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
-    done = demo(tmp_path)
+@pytest.mark.parametrize("router", ["builtin", "nginx"])
+def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path, router: str) -> None:
+    if router == "nginx":
+        require_nginx()
+    done = demo(tmp_path, router)
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr}"
     assert "\033[" not in out, "--no-color output carries escape codes"
@@ -72,6 +104,16 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     assert at["engaged"] < at["posted"]  # the notice waits its group_wait, then says the fallback's outcome
     assert at["moved"] < at["resolved"] < at["restored"] < at["back"]
     assert at["calm"] < at["restored"]
+    # In the words of the router it ran, named before the traffic starts.
+    told = {}
+    for name, pattern in ROUTERS[router].items():
+        found = [i for i, line in enumerate(lines) if re.search(rf"^\[ *\d+s\] {pattern}", line)]
+        assert len(found) == 1, f"{router}: {name!r} seen {len(found)} times in the demo's output:\n{out}"
+        told[name] = found[0]
+    assert (told["engaged"], told["moved"], told["back"]) == (at["engaged"], at["moved"], at["back"]), told
+    assert lines[told["router"] + 1].endswith(
+        "] traffic: 4 concurrent streams at temperature 0, through the router"
+    )
     # The thread's first message, edited last: resolved, with the restore among its actions.
     edits = [
         i for i, line in enumerate(lines) if f"Slack {CHANNEL}: the thread's first message was edited" in line
@@ -100,8 +142,14 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     assert collapsed > fallback > healthy and fallback > restored, latency.group(0)
 
     # The real files and the store.
-    assert json.loads((tmp_path / "flag.json").read_text()) == {"speculative": True}
-    assert json.loads((tmp_path / "flag.json.prev").read_text()) == {"speculative": False}
+    if router == "builtin":
+        assert json.loads((tmp_path / "flag.json").read_text()) == {"speculative": True}
+        assert json.loads((tmp_path / "flag.json.prev").read_text()) == {"speculative": False}
+        assert not (tmp_path / "nginx").exists()
+        assert re.search(r"^  traffic   \d+ requests: \d+ on speculative decoding, [1-9]\d* on standard "
+                         r"decoding \(as the demo's router sent them\)", out, re.M), out  # fmt: skip
+    else:
+        check_nginx_run(tmp_path, out)
     with sqlite3.connect(tmp_path / "specguard.db") as db:
         runs = db.execute(
             "SELECT action, mode, status FROM action_runs WHERE action != 'log' ORDER BY event_id, action"
@@ -191,6 +239,63 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path) -> None:
     assert all((md.parent / image).is_file() for image in images), images
 
 
+def check_nginx_run(tmp_path: Path, out: str) -> None:
+    """The nginx run: the flag restored in its file, the traffic's answers and nginx's own counters
+    with requests on the standard pool (the fallback moved them), each request in the access log
+    with its class and pool, nginx stopped, and the rendered router accepted by `specguard check`."""
+    assert json.loads((tmp_path / "routing-flag.json").read_text()) == {"fallback": False}
+    assert json.loads((tmp_path / "routing-flag.json.prev").read_text()) == {"fallback": True}
+    assert not (tmp_path / "flag.json").exists()
+    said = re.search(r"^  traffic   (\d+) requests: (\d+) on speculative decoding, (\d+) on standard decoding "
+                     r"\(as each answer's X-Specguard-Pool header says\)", out, re.M)  # fmt: skip
+    assert said, out
+    requests, speculative, standard = map(int, said.groups())
+    assert standard > 0 and speculative > 0 and speculative + standard == requests, said.group(0)
+    counted = re.search(r"^  nginx     requests routed by pool, its /specguard/metrics: speculative (\d+), "
+                        r"standard (\d+)$", out, re.M)  # fmt: skip
+    assert counted, out
+    # nginx also counts requests whose answers the traffic did not wait for when it stopped
+    assert int(counted.group(1)) >= speculative and int(counted.group(2)) >= standard, counted.group(0)
+    logged = (tmp_path / "nginx" / "logs" / "access.log").read_text().splitlines()
+    pools = [re.search(r" class=(\S+) pool=(\S+) ", line) for line in logged]
+    assert all(pools) and len(pools) >= requests, logged[:5]
+    assert {m.groups() for m in pools if m} == {("default", "speculative"), ("default", "standard")}
+    assert not (tmp_path / "nginx" / "nginx.pid").exists(), "nginx was left running"
+    checked = subprocess.run(
+        [sys.executable, "-m", "specguard", "check", "--config", str(tmp_path / "specguard.yaml")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_without_nginx_the_demo_says_so_or_refuses_router_nginx(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nginx on it
+    assert choose("auto") == Choice(None, None, "", "nginx is not installed")
+    assert choose("builtin") == Choice(None, None, "", "--router builtin")
+    assert choose("nginx") == "--router nginx: nginx is not installed"
+    done = subprocess.run(
+        [sys.executable, "-m", "specguard", "demo", "--router", "nginx", "--state-dir", str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == "specguard demo: --router nginx: nginx is not installed\n"
+    assert done.stdout == "" and not (tmp_path / "demo").exists()
+
+
+def test_nginx_s_move_is_told_once_by_answers_to_requests_started_after_it() -> None:
+    told: list[str] = []
+    watch = PoolWatch("speculative", told.append)
+    watch(1.0, "speculative")
+    watch(3.0, "standard")  # the flag engaged: a request started at 3 s went to standard decoding
+    watch(2.0, "speculative")  # sent before the move, answered after it: nothing new
+    watch(4.0, "standard")
+    watch(6.0, "speculative")  # restored
+    watch(5.0, "standard")
+    assert told == ["standard", "speculative"]
+
+
 def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "specguard", "demo", "--no-color", "--state-dir", str(tmp_path)],
@@ -211,6 +316,7 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
             process.kill()
     assert process.returncode == 130, f"{out}\n{err}"
     assert "interrupted: everything stopped cleanly" in out
+    assert not (tmp_path / "nginx" / "nginx.pid").exists(), "nginx (where it routes) was left running"
     assert "Traceback" not in out + err
 
 
