@@ -10,7 +10,8 @@ the machine's load hits both alike), and times each request from its first byte 
 answer read. Bodies are valid OpenAI completion requests whose prompt makes them 1 KiB and 64 KiB;
 ``max_body_size`` (and so ``client_body_buffer_size``) is 1 MiB, so both stay in memory and the
 router parses them whole. The classes are the playbook's three and one on ``prompt_chars`` (which
-makes the router count the prompt's characters, the most it does); the requests match none of
+makes the router count the prompt's characters, byte by byte, the most it does), with an ASCII
+prompt and one that is not; the requests match none of
 them and go to the default pool, every class tested.
 
 Result: p50 and p99 of each, and the added p50 and p99 (routed minus plain), per round; the median
@@ -104,13 +105,23 @@ server {{
 """
 
 
-def body(size: int) -> bytes:
-    """A completion request of ``size`` bytes: its prompt fills it."""
+ASCII = "the quick brown fox jumps over the lazy dog "
+NOT_ASCII = "über größere Straßen läuft ein naïver Fuchs "
+
+
+def body(size: int, words: str = ASCII) -> bytes:
+    """A completion request of ``size`` bytes (UTF-8, not escaped): its prompt fills it."""
     request = {"model": "tiny-llama", "prompt": "", "max_tokens": 128, "temperature": 0.7, "stream": False}
-    empty = len(json.dumps(request).encode())
-    words = "the quick brown fox jumps over the lazy dog "
-    request["prompt"] = (words * (size // len(words) + 1))[: size - empty]
-    data = json.dumps(request).encode()
+
+    def encoded(prompt: str) -> bytes:
+        return json.dumps({**request, "prompt": prompt}, ensure_ascii=False).encode()
+
+    repeats = max(0, (size - len(encoded(""))) // len(words.encode()))
+    while repeats and len(encoded(words * repeats)) > size:
+        repeats -= 1
+    prompt = words * repeats
+    prompt += "x" * (size - len(encoded(prompt)))
+    data = encoded(prompt)
     assert len(data) == size, len(data)
     return data
 
@@ -183,14 +194,17 @@ def one_round(
     }
 
 
-VARIANTS = {
-    "the playbook's three classes": False,
-    "the three and a prompt_chars class": True,
+VARIANTS = {  # name: (a class on prompt_chars, the prompt's words)
+    "the playbook's three classes": (False, ASCII),
+    "the three and a prompt_chars class": (True, ASCII),
+    "the three and a prompt_chars class, a prompt not all ASCII": (True, NOT_ASCII),
 }
 Results = dict[int, list[dict[str, float]]]
 
 
-def run_variant(binary: str, modules: Path | None, chars: bool, rounds: int, pairs: int) -> Results:
+def run_variant(
+    binary: str, modules: Path | None, chars: bool, words: str, rounds: int, pairs: int
+) -> Results:
     """One nginx with the routed and the plain server; the rounds measured against it."""
     listen, admin, plain, upstream = free_ports(4)
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
@@ -205,16 +219,16 @@ def run_variant(binary: str, modules: Path | None, chars: bool, rounds: int, pai
         (out / MAIN).write_text(main_conf.replace(include, include + f"    include {out / PLAIN};\n"))
         process = start(binary, out, [listen, admin, plain, upstream])
         try:
-            return measure(listen, plain, rounds, pairs)
+            return measure(listen, plain, rounds, pairs, words)
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=10)
 
 
-def measure(listen: int, plain: int, rounds: int, pairs: int) -> Results:
+def measure(listen: int, plain: int, rounds: int, pairs: int, words: str) -> Results:
     routed_c = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
     plain_c = http.client.HTTPConnection("127.0.0.1", plain, timeout=10)
-    bodies = {size: body(size) for size in SIZES}
+    bodies = {size: body(size, words) for size in SIZES}
     for size in SIZES:  # warm-up: connections, the upstream's keepalive, Lua's compiled paths
         one_round(routed_c, plain_c, bodies[size], 200)
     results: Results = {size: [] for size in SIZES}
@@ -246,7 +260,8 @@ def main() -> None:
     version = subprocess.run([binary, "-v"], capture_output=True, text=True).stderr.strip()
     began = time.monotonic()
     results = {
-        name: run_variant(binary, modules, chars, args.rounds, args.pairs) for name, chars in VARIANTS.items()
+        name: run_variant(binary, modules, chars, words, args.rounds, args.pairs)
+        for name, (chars, words) in VARIANTS.items()
     }
     write(results, args, version.removeprefix("nginx version: "), time.monotonic() - began)
 

@@ -61,8 +61,23 @@ local function is_array(value)
     return type(value) == "table" and (value[1] ~= nil or next(value) == nil)
 end
 
+local ok_ffi, ffi = pcall(require, "ffi")
+local band = bit and bit.band
+
+-- Characters: UTF-8 bytes that do not continue a character, counted by a loop over the bytes that
+-- LuaJIT compiles: about 0.2 ms for a 64 KiB prompt, where string.gsub (which builds a copy) takes
+-- 1 ms and a pattern search for non-ASCII bytes alone 0.6 ms (benchmarks/bench_routing.py).
 local function chars(text)
-    -- characters: UTF-8 bytes that do not continue a character
+    if ok_ffi and band then
+        local bytes = ffi.cast("const uint8_t *", text)
+        local n = 0
+        for i = 0, #text - 1 do
+            if band(bytes[i], 0xC0) ~= 0x80 then
+                n = n + 1
+            end
+        end
+        return n
+    end
     local _, n = string.gsub(text, "[^\128-\191]", "")
     return n
 end
