@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import os
 import re
 import shutil
@@ -32,7 +31,6 @@ from specguard.playbook.routing.render import MAIN, Standalone, render
 
 MODES = ("auto", "builtin", "nginx")
 NGINX_DIR = "nginx"  # under the demo's directory: the rendered files, nginx's pid, logs and temp files
-CJSON = ("/usr/lib/*/lua/5.1/cjson.so", "/usr/lib/lua/5.1/cjson.so", "/usr/local/lib/lua/5.1/cjson.so")
 START_TIMEOUT = 15.0
 _REQUESTS = re.compile(r'^specguard_route_requests_total\{class="[^"]*",pool="([^"]*)"\} (\d+)$', re.M)
 
@@ -64,9 +62,6 @@ def find_nginx() -> Choice:
     modules = lua_modules(binary)
     if isinstance(modules, str):
         return builtin(modules)
-    if modules is not None and not any(glob.glob(pattern) for pattern in CJSON):
-        # OpenResty (the Lua module compiled in) carries cjson; Debian's module needs lua-cjson
-        return builtin("lua-cjson is not installed (apt-get install lua-cjson)")
     said = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10).stderr
     version = said.strip().removeprefix("nginx version: ").removeprefix("nginx/")
     return Choice(binary, modules, version or "?", "")

@@ -4,7 +4,6 @@ foreground on loopback ports, reloaded and stopped on request."""
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import socket
@@ -14,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from specguard.config.routing import RoutingConfig
-from specguard.playbook.routing.render import DEBIAN_MODULES, MODULES, Standalone, render
+from specguard.playbook.routing.nginx_test import lua_modules
+from specguard.playbook.routing.render import Standalone, render
 from tests.ports import free_port
 from tests.real import missing, require_binary
 
@@ -23,10 +23,9 @@ def require_nginx() -> str:
     """nginx with the Lua module and lua-cjson (Debian: nginx, libnginx-mod-http-lua, lua-cjson);
     skip, or fail under SPECGUARD_REQUIRE_REAL=1, without them."""
     binary = require_binary("nginx", "nginx")
-    if not all((DEBIAN_MODULES / module).is_file() for module in MODULES):
-        missing("nginx's Lua module is not installed: apt-get install libnginx-mod-http-lua")
-    if not glob.glob("/usr/lib/*/lua/5.1/cjson.so") and not glob.glob("/usr/lib/lua/5.1/cjson.so"):
-        missing("lua-cjson is not installed: apt-get install lua-cjson")
+    modules = lua_modules(binary)
+    if isinstance(modules, str):
+        missing(f"{modules} (apt-get install libnginx-mod-http-lua lua-cjson)")
     return binary
 
 

@@ -24,6 +24,7 @@ async def answer(request: web.Request) -> web.Response:
             "routed_pool": request.headers.get("X-Specguard-Pool"),
             "length": len(body),
             "sha256": hashlib.sha256(body).hexdigest(),
+            "peer": list(request.transport.get_extra_info("peername") or ()) if request.transport else [],
         }
     )
 

@@ -4,6 +4,7 @@ before a reload does."""
 
 from __future__ import annotations
 
+import glob
 import shutil
 import subprocess
 import tempfile
@@ -14,6 +15,8 @@ from specguard.config.routing import RoutingConfig
 from specguard.playbook.routing.render import DEBIAN_MODULES, MAIN, MODULES, Standalone, render
 
 TIMEOUT = 30.0
+# Where Debian's lua-cjson puts the module LuaJIT loads (OpenResty, with Lua compiled in, has its own).
+CJSON = ("/usr/lib/*/lua/5.1/cjson.so", "/usr/lib/lua/5.1/cjson.so", "/usr/local/lib/lua/5.1/cjson.so")
 
 
 @dataclass(frozen=True)
@@ -24,16 +27,18 @@ class NginxTest:
 
 def lua_modules(binary: str) -> Path | str | None:
     """Where load_module finds the Lua module (None: compiled into nginx, as in OpenResty), or a
-    string saying why this nginx cannot run the router."""
+    string saying why this nginx cannot run the router (no Lua module, no lua-cjson)."""
     try:
         built = subprocess.run([binary, "-V"], capture_output=True, text=True, timeout=TIMEOUT).stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot run {binary} -V: {exc}"
     if "lua-nginx-module" in built or "lua_nginx_module" in built:
         return None
-    if all((DEBIAN_MODULES / module).is_file() for module in MODULES):
-        return DEBIAN_MODULES
-    return "nginx has no Lua module: install libnginx-mod-http-lua (and lua-cjson)"
+    if not all((DEBIAN_MODULES / module).is_file() for module in MODULES):
+        return "nginx has no Lua module: install libnginx-mod-http-lua (and lua-cjson)"
+    if not any(glob.glob(pattern) for pattern in CJSON):
+        return "lua-cjson is not installed: install lua-cjson"
+    return DEBIAN_MODULES
 
 
 def nginx_test(routing: RoutingConfig, source: str, binary: str | None = None) -> NginxTest | None:

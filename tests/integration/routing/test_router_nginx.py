@@ -404,6 +404,20 @@ def test_requests_that_are_not_completions_are_not_inspected(
     assert decision.klass == "hot"
 
 
+def test_connections_to_a_pool_are_kept_alive_and_reused(router: Router) -> None:
+    """nginx keeps its connections to the pool open (keepalive, HTTP/1.1, no Connection: close):
+    many requests one after another reach the upstream over the same connection or two, not one
+    each (one worker; a fresh client connection each time, so the reuse is nginx's own)."""
+    peers = set()
+    for _ in range(30):
+        client = Client(router.config.listen)
+        status, _, data = client.send("POST", "/v1/completions", b'{"max_tokens": 500, "stream": true}')
+        client.close()
+        assert status == 200
+        peers.add(tuple(json.loads(data)["peer"]))
+    assert len(peers) <= 2, peers
+
+
 def test_a_body_over_max_body_size_is_refused_with_413_and_counted_nowhere(
     router: Router, client: Client, admin: Client
 ) -> None:
