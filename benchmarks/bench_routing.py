@@ -41,7 +41,7 @@ from ports import free_ports
 
 from specguard.config.routing import RoutingConfig
 from specguard.playbook.routing.nginx_test import lua_modules
-from specguard.playbook.routing.render import CONF, MAIN, Standalone, render
+from specguard.playbook.routing.render import CONF, MAIN, Standalone, nginx_command, render
 
 SIZES = (1024, 64 * 1024)
 PLAIN = "bench-plain.conf"
@@ -128,17 +128,7 @@ def body(size: int, words: str = ASCII) -> bytes:
 
 def start(binary: str, out: Path, ports: list[int]) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
-        [
-            binary,
-            "-p",
-            str(out),
-            "-c",
-            str(out / MAIN),
-            "-e",
-            str(out / "logs" / "error.log"),
-            "-g",
-            "daemon off;",
-        ],
+        nginx_command(binary, out, "-g", "daemon off;"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -27,7 +27,7 @@ import aiohttp
 
 from specguard.config.routing import RoutingConfig, split_host_port
 from specguard.playbook.routing.nginx_test import lua_modules
-from specguard.playbook.routing.render import MAIN, Standalone, render
+from specguard.playbook.routing.render import Standalone, nginx_command, render
 
 MODES = ("auto", "builtin", "nginx")
 NGINX_DIR = "nginx"  # under the demo's directory: the rendered files, nginx's pid, logs and temp files
@@ -118,9 +118,7 @@ class NginxRouter:
         render(self.routing, self.directory, "the demo's routing: section", standalone)
         assert self.choice.binary is not None
         self.process = await asyncio.create_subprocess_exec(
-            self.choice.binary,
-            *("-p", str(self.directory), "-c", str(self.directory / MAIN), "-e", str(self.error_log)),
-            *("-g", "daemon off;"),
+            *nginx_command(self.choice.binary, self.directory, "-g", "daemon off;"),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

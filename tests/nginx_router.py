@@ -14,7 +14,7 @@ from typing import Any
 
 from specguard.config.routing import RoutingConfig
 from specguard.playbook.routing.nginx_test import lua_modules
-from specguard.playbook.routing.render import Standalone, render
+from specguard.playbook.routing.render import Standalone, nginx_command, render
 from tests.ports import free_port
 from tests.real import missing, require_binary
 
@@ -91,8 +91,7 @@ class Router:
         return self.directory / "logs" / "access.log"
 
     def _args(self, *extra: str) -> list[str]:
-        conf = str(self.directory / "nginx.conf")
-        return [self.binary, "-p", str(self.directory), "-c", conf, "-e", str(self.error_log), *extra]
+        return nginx_command(self.binary, self.directory, *extra)
 
     def render(self) -> None:
         render(self.config, self.directory, "the test's routing config", self.standalone)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specguard.config.routing import RoutingConfig
-from specguard.playbook.routing.render import DEBIAN_MODULES, MAIN, MODULES, Standalone, render
+from specguard.playbook.routing.render import DEBIAN_MODULES, MODULES, Standalone, nginx_command, render
 
 TIMEOUT = 30.0
 # Where Debian's lua-cjson puts the module LuaJIT loads (OpenResty, with Lua compiled in, has its own).
@@ -52,17 +52,7 @@ def nginx_test(routing: RoutingConfig, source: str, binary: str | None = None) -
     with tempfile.TemporaryDirectory(prefix="specguard-nginx-t-") as tmp:
         out = Path(tmp)
         render(routing, out, source, Standalone(modules=modules))
-        args = [
-            binary,
-            "-t",
-            "-q",
-            "-p",
-            str(out),
-            "-c",
-            str(out / MAIN),
-            "-e",
-            str(out / "logs" / "error.log"),
-        ]
+        args = nginx_command(binary, out, "-t", "-q")
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -175,6 +175,12 @@ def main_conf(out: Path, options: Standalone) -> str:
     return "\n".join(lines) + "\n"
 
 
+def nginx_command(binary: str, out: Path, *extra: str) -> list[str]:
+    """nginx on the standalone configuration rendered into ``out``: its prefix, ``nginx.conf`` and
+    error log there; ``extra``: ``-t``, ``-s reload``, ``-g "daemon off;"``..."""
+    return [binary, "-p", str(out), "-c", str(out / MAIN), "-e", str(out / "logs" / "error.log"), *extra]
+
+
 def render(
     routing: RoutingConfig, out: Path, source: str, standalone: Standalone | None = None
 ) -> list[Path]:
