@@ -27,8 +27,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +39,8 @@ from ports import free_ports
 
 from specguard.config.routing import RoutingConfig
 from specguard.playbook.routing.nginx_test import lua_modules
-from specguard.playbook.routing.render import CONF, MAIN, Standalone, nginx_command, render
+from specguard.playbook.routing.render import CONF, MAIN, Standalone, render
+from specguard.playbook.routing.running import NginxError, RunningNginx
 
 SIZES = (1024, 64 * 1024)
 PLAIN = "bench-plain.conf"
@@ -126,27 +125,6 @@ def body(size: int, words: str = ASCII) -> bytes:
     return data
 
 
-def start(binary: str, out: Path, ports: list[int]) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        nginx_command(binary, out, "-g", "daemon off;"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 20
-    for port in ports:
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    process.kill()
-                    sys.exit(f"nginx did not start: {(out / 'logs' / 'error.log').read_text()[-2000:]}")
-                time.sleep(0.05)
-    return process
-
-
 def send(connection: http.client.HTTPConnection, data: bytes) -> tuple[float, str | None]:
     """One request; (seconds, the X-Specguard-Pool it came back with)."""
     began = time.perf_counter()
@@ -207,12 +185,15 @@ def run_variant(
         include = f"    include {out / CONF};\n"
         assert include in main_conf
         (out / MAIN).write_text(main_conf.replace(include, include + f"    include {out / PLAIN};\n"))
-        process = start(binary, out, [listen, admin, plain, upstream])
+        nginx = RunningNginx(binary, out, [f"127.0.0.1:{port}" for port in (listen, admin, plain, upstream)])
+        try:
+            nginx.start()
+        except NginxError as exc:
+            sys.exit(str(exc))
         try:
             return measure(listen, plain, rounds, pairs, words)
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=10)
+            nginx.stop()
 
 
 def measure(listen: int, plain: int, rounds: int, pairs: int, words: str) -> Results:

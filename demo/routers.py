@@ -10,14 +10,11 @@ why; ``--router nginx`` requires it; ``--router builtin`` never starts it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -25,9 +22,10 @@ from pathlib import Path
 
 import aiohttp
 
-from specguard.config.routing import RoutingConfig, split_host_port
+from specguard.config.routing import RoutingConfig
 from specguard.playbook.routing.nginx_test import lua_modules
-from specguard.playbook.routing.render import Standalone, nginx_command, render
+from specguard.playbook.routing.render import Standalone, render
+from specguard.playbook.routing.running import RunningNginx
 
 MODES = ("auto", "builtin", "nginx")
 NGINX_DIR = "nginx"  # under the demo's directory: the rendered files, nginx's pid, logs and temp files
@@ -97,7 +95,7 @@ class NginxRouter:
         self.choice = choice
         self.directory = directory.resolve()
         self.routing = routing
-        self.process: asyncio.subprocess.Process | None = None
+        self.nginx = RunningNginx(choice.binary, self.directory, (routing.listen, routing.admin_listen))
 
     @property
     def url(self) -> str:
@@ -107,38 +105,12 @@ class NginxRouter:
     def admin_url(self) -> str:
         return f"http://{self.routing.admin_listen}"
 
-    @property
-    def error_log(self) -> Path:
-        return self.directory / "logs" / "error.log"
-
     async def start(self) -> None:
         """Render and start; RuntimeError with what nginx said when it does not listen in time."""
         user = "root" if os.geteuid() == 0 else None  # nginx's workers must reach the 0700 directory
         standalone = Standalone(modules=self.choice.modules, user=user, workers=1)
         render(self.routing, self.directory, "the demo's routing: section", standalone)
-        assert self.choice.binary is not None
-        self.process = await asyncio.create_subprocess_exec(
-            *nginx_command(self.choice.binary, self.directory, "-g", "daemon off;"),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + START_TIMEOUT
-        for address in (self.routing.listen, self.routing.admin_listen):
-            host, port = split_host_port(address)
-            while True:
-                try:
-                    _, writer = await asyncio.open_connection(host, port)
-                    writer.close()
-                    break
-                except OSError:
-                    if self.process.returncode is not None or time.monotonic() > deadline:
-                        await self.stop()
-                        said = self.error_log.read_text(errors="replace") if self.error_log.exists() else ""
-                        last = said.strip().splitlines()[-1:] or ["no error log"]
-                        raise RuntimeError(f"nginx did not start: {last[0]}") from None
-                    await asyncio.sleep(0.05)
+        await asyncio.to_thread(self.nginx.start, START_TIMEOUT)
 
     async def requests_by_pool(self) -> Counter[str] | None:
         """The router's own count of requests routed to each pool (its /specguard/metrics)."""
@@ -156,16 +128,7 @@ class NginxRouter:
         return counts
 
     async def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.returncode is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout=10)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+        await asyncio.to_thread(self.nginx.stop)
 
 
 class PoolWatch:
