@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from tests.nginx_router import Router, require_nginx, routing_config
 from tests.ports import free_port
 from tests.processes import Daemon as DaemonProcess
 from tests.readings import Readings
+from tests.statedb import flag_memory, runs, until
 
 RULE = "acceptance_low"
 MODEL = "tiny-llama"
@@ -44,14 +44,6 @@ HEALTHY, COLLAPSED = 0.85, 0.05  # the speculative server's acceptance per draft
 @pytest.fixture(autouse=True)
 def _nginx() -> None:
     require_nginx()
-
-
-async def until(what: str, check: Callable[[], bool], seconds: float = 60.0, shown: Any = None) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}" + (f": {shown()}" if shown else ""))
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -146,31 +138,9 @@ async def stack(directory: Path) -> AsyncIterator[Stack]:
         await speculative.stop()
 
 
-def memory(db: Path) -> dict[str, Any]:
-    """The flag's record in specguard's store, read beside the daemon."""
-    if not db.exists():
-        return {}
-    connection = sqlite3.connect(db, timeout=10)
-    try:
-        row = connection.execute(
-            "SELECT value FROM action_memory WHERE action = 'fallback' AND key = 'flag'"
-        ).fetchone()
-        return dict(json.loads(row[0])) if row else {}
-    finally:
-        connection.close()
-
-
 def fallback_runs(db: Path) -> list[tuple[str, str, str]]:
-    connection = sqlite3.connect(db, timeout=10)
-    try:
-        return list(
-            connection.execute(
-                "SELECT r.mode, e.kind, r.status FROM action_runs r JOIN events e ON e.id = r.event_id "
-                "WHERE r.action = 'fallback' ORDER BY r.id"
-            )
-        )
-    finally:
-        connection.close()
+    """(mode, event kind, status) of the fallback's runs, oldest first."""
+    return [(run["mode"], run["kind"], run["status"]) for run in runs(db, "fallback")]
 
 
 # --- 1. `specguard run`: a collapse engages the fallback through nginx; the restore undoes it -----
@@ -207,10 +177,10 @@ async def test_a_collapse_sends_every_new_request_to_the_standard_pool_and_the_r
             world.speculative.engine.set_acceptance(COLLAPSED)
             await until(
                 "the engage is confirmed",
-                lambda: memory(db).get("state") == "engaged",
-                shown=lambda: (memory(db), daemon.log.read_text()[-2000:]),
+                lambda: flag_memory(db).get("state") == "engaged",
+                shown=lambda: (flag_memory(db), daemon.log.read_text()[-2000:]),
             )
-            confirmed = float(memory(db)["since"])  # the daemon's clock once the PUT was acknowledged
+            confirmed = float(flag_memory(db)["since"])  # the daemon's clock once the PUT was acknowledged
             assert json.loads(world.flag.read_text()) == {"fallback": True}  # written before the PUT
             assert (await world.admin())["fallback"] is True
             served = len(world.standard.ground_truth())
@@ -227,11 +197,11 @@ async def test_a_collapse_sends_every_new_request_to_the_standard_pool_and_the_r
             world.speculative.engine.set_acceptance(HEALTHY)  # the draft is fine again
             await until(
                 "the restore is confirmed",
-                lambda: memory(db).get("state") == "restored",
+                lambda: flag_memory(db).get("state") == "restored",
                 seconds=90,
-                shown=lambda: (memory(db), daemon.log.read_text()[-2000:]),
+                shown=lambda: (flag_memory(db), daemon.log.read_text()[-2000:]),
             )
-            (span,) = memory(db)["spans"]
+            (span,) = flag_memory(db)["spans"]
             restored = float(span["restored"])
             await until(
                 "requests sent since the restore are answered",
@@ -299,7 +269,9 @@ async def engaged(world: Stack) -> AsyncIterator[tuple[Daemon, Readings]]:
     """A daemon whose rule fires, the fallback engaged through the router and confirmed."""
     daemon, source = await daemon_for(world)
     try:
-        await until("the engage is confirmed", lambda: memory(daemon.store.path).get("state") == "engaged")
+        await until(
+            "the engage is confirmed", lambda: flag_memory(daemon.store.path).get("state") == "engaged"
+        )
         yield daemon, source
     finally:
         await daemon.shutdown()
@@ -359,7 +331,7 @@ async def test_nginx_started_again_during_a_fallback_reads_the_flag_file(tmp_pat
         await asyncio.sleep(0.5)  # a few ticks: the router and its file agree, nothing to put right
         assert (await world.admin())["source"] == "file"
         assert [mode for mode, _, _ in fallback_runs(daemon.store.path)] == ["run"]
-        assert memory(daemon.store.path)["state"] == "engaged"
+        assert flag_memory(daemon.store.path)["state"] == "engaged"
 
 
 async def test_a_flag_restored_by_hand_while_the_rule_fires_is_put_right(tmp_path: Path) -> None:
@@ -368,19 +340,21 @@ async def test_a_flag_restored_by_hand_while_the_rule_fires_is_put_right(tmp_pat
         # specguard reads the router and its file disagree, and writes both again
         deadline = time.monotonic() + 20
         while not (await world.admin())["fallback"]:
-            assert time.monotonic() < deadline, memory(daemon.store.path)
+            assert time.monotonic() < deadline, flag_memory(daemon.store.path)
             await asyncio.sleep(0.05)
         assert json.loads(world.flag.read_text()) == {"fallback": True}
         assert await pool_of_next(world) == "standard"
         await until(
-            "the engage is confirmed again", lambda: memory(daemon.store.path).get("state") == "engaged"
+            "the engage is confirmed again", lambda: flag_memory(daemon.store.path).get("state") == "engaged"
         )
         assert [(mode, status) for mode, _, status in fallback_runs(daemon.store.path)] == [("run", "ok")] * 2
-        assert len(memory(daemon.store.path)["spans"]) == 1  # one engagement, put right
+        assert len(flag_memory(daemon.store.path)["spans"]) == 1  # one engagement, put right
 
         # the rule resolves: after the quiet period both are restored, and the traffic goes back
         source.value = 0.8
-        await until("the restore is confirmed", lambda: memory(daemon.store.path).get("state") == "restored")
+        await until(
+            "the restore is confirmed", lambda: flag_memory(daemon.store.path).get("state") == "restored"
+        )
         assert (await world.admin())["fallback"] is False
         assert json.loads(world.flag.read_text()) == {"fallback": False}
         assert await pool_of_next(world) == "speculative"
@@ -390,7 +364,7 @@ async def test_a_flag_restored_by_hand_while_the_rule_fires_is_put_right(tmp_pat
         assert (await world.admin("PUT", {"fallback": True}))["fallback"] is True
         await asyncio.sleep(1.0)  # ten ticks
         assert (await world.admin())["fallback"] is True and fallback_runs(daemon.store.path) == runs
-        assert memory(daemon.store.path)["state"] == "restored"
+        assert flag_memory(daemon.store.path)["state"] == "restored"
 
 
 async def test_a_daemon_stopped_between_the_file_and_the_router_completes_the_engage_once(
@@ -405,7 +379,7 @@ async def test_a_daemon_stopped_between_the_file_and_the_router_completes_the_en
             # the file written, the router not yet told: the state is unknown, the run under way
             assert json.loads(world.flag.read_text()) == {"fallback": True}
             assert (await world.admin())["fallback"] is False
-            assert memory(daemon.store.path)["state"] == "unknown"
+            assert flag_memory(daemon.store.path)["state"] == "unknown"
             assert fallback_runs(daemon.store.path) == [("run", "firing", "running")]
         finally:
             await daemon.shutdown()  # the write cut short, as by a crash
@@ -413,12 +387,12 @@ async def test_a_daemon_stopped_between_the_file_and_the_router_completes_the_en
         daemon, _ = await daemon_for(world)  # specguard again: the router and its file disagree
         try:
             await until(
-                "the engage is confirmed", lambda: memory(daemon.store.path).get("state") == "engaged"
+                "the engage is confirmed", lambda: flag_memory(daemon.store.path).get("state") == "engaged"
             )
             assert (await world.admin())["fallback"] is True
             assert await pool_of_next(world) == "standard"
             # the same run carried out, one engagement: nothing forgotten, nothing twice
             assert fallback_runs(daemon.store.path) == [("run", "firing", "ok")]
-            assert len(memory(daemon.store.path)["spans"]) == 1
+            assert len(flag_memory(daemon.store.path)["spans"]) == 1
         finally:
             await daemon.shutdown()

@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +32,7 @@ from specguard.sim.slack_api import TOKEN, SlackApi, running
 from specguard.sim.traffic import Traffic
 from tests.ports import free_port
 from tests.processes import Daemon, specguard
+from tests.statedb import flag_memory, runs, until
 
 RULE = "acceptance_low"
 INTERVAL = 1.0  # the rule's evaluation interval, seconds
@@ -67,45 +67,11 @@ with open(log, "a") as out:
 """
 
 
-async def until(what: str, check: Callable[[], bool], seconds: float = 60.0, shown: Any = None) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}" + (f": {shown()}" if shown else ""))
-        await asyncio.sleep(0.02)
-
-
 async def stays(what: str, check: Callable[[], bool], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert check(), f"no longer true: {what}"
         await asyncio.sleep(0.02)
-
-
-def query(db: Path, sql: str, *params: object) -> list[dict[str, Any]]:
-    """Rows of specguard's state database, read beside the running daemon."""
-    if not db.exists():
-        return []
-    connection = sqlite3.connect(db, timeout=10)
-    try:
-        connection.row_factory = sqlite3.Row
-        return [dict(row) for row in connection.execute(sql, params)]
-    finally:
-        connection.close()
-
-
-def runs(db: Path, action: str) -> list[dict[str, Any]]:
-    return query(
-        db,
-        "SELECT r.*, e.kind, e.at AS event_at FROM action_runs r JOIN events e ON e.id = r.event_id "
-        "WHERE r.action = ? ORDER BY r.id",
-        action,
-    )
-
-
-def flag_memory(db: Path) -> dict[str, Any]:
-    rows = query(db, "SELECT value FROM action_memory WHERE action = 'fallback' AND key = 'flag'")
-    return dict(json.loads(rows[0]["value"])) if rows else {}
 
 
 def reads(path: Path) -> str | None:
