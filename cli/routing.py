@@ -9,9 +9,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specguard.cli.shared.options import add_config
+
+if TYPE_CHECKING:
+    from specguard.config.routing import RoutingConfig
 
 RENDER_EPILOG = """\
 examples:
@@ -86,8 +89,9 @@ def add_parser(sub: Any) -> None:
     classify.add_argument("--json", action="store_true", help="print the decision as JSON")
 
 
-def _routing(args: argparse.Namespace, command: str) -> Any:
-    """The config's routing section, or None after saying why not."""
+def _routing(args: argparse.Namespace, command: str) -> RoutingConfig | int:
+    """The config's routing section, or the exit code after saying why not: 2 without one, 1 for
+    a section with errors."""
     from specguard.config.loading import load
 
     where = f"specguard routing {command}"
@@ -96,35 +100,33 @@ def _routing(args: argparse.Namespace, command: str) -> Any:
             f"{where}: give --config: the routing classes are the config's `routing:` section",
             file=sys.stderr,
         )
-        return None
+        return 2
     loaded = load(args.config, ())
     errors = [p for p in loaded.errors if p.field.split(".")[0].split("[")[0] in ("routing", "")]
     if errors:
         for problem in sorted(errors, key=lambda p: p.line or 0):
             print(problem, file=sys.stderr)
         print(f"{len(errors)} error(s)", file=sys.stderr)
-        return False
+        return 1
     if loaded.config.routing is None:
         print(
             f"{where}: {args.config} has no `routing:` section (see the routing page of the documentation)",
             file=sys.stderr,
         )
-        return None
+        return 2
     return loaded.config.routing
 
 
 def cmd_routing(args: argparse.Namespace) -> int:
     routing = _routing(args, args.routing_command)
-    if routing is None:
-        return 2
-    if routing is False:
-        return 1
+    if isinstance(routing, int):
+        return routing
     if args.routing_command == "render":
         return _render(args, routing)
     return _classify(args, routing)
 
 
-def _render(args: argparse.Namespace, routing: Any) -> int:
+def _render(args: argparse.Namespace, routing: RoutingConfig) -> int:
     from specguard.playbook.routing.render import Standalone, render
 
     standalone = None
@@ -155,7 +157,7 @@ def _render(args: argparse.Namespace, routing: Any) -> int:
     return 0
 
 
-def _classify(args: argparse.Namespace, routing: Any) -> int:
+def _classify(args: argparse.Namespace, routing: RoutingConfig) -> int:
     from specguard.playbook.routing.classify import classify
 
     try:

@@ -114,27 +114,18 @@ class DemoRun:
             self.mark("canary held the fallback")
 
     def on_route(self, speculative: bool, server: str) -> None:
-        t = self.terminal
-        if speculative:
-            self.mark("traffic back")
-            t.line(f"router: {FLAG_FILE} says speculative: true -> traffic back to speculative decoding",
-                   "bold", "green")  # fmt: skip
-        else:
-            self.mark("traffic moved")
-            t.line(f"router: {FLAG_FILE} says speculative: false -> traffic to standard decoding ({server})",
-                   "bold", "green")  # fmt: skip
+        """The demo's own router read the flag file and moved the traffic."""
+        said = f"{FLAG_FILE} says speculative: {'true' if speculative else 'false'} ->"
+        self._moved(speculative, said, "" if speculative else f" ({server})")
 
     def on_pool(self, pool: str) -> None:
         """nginx sends new requests to ``pool`` (as their answers' X-Specguard-Pool says)."""
-        t = self.terminal
-        if pool == "speculative":
-            self.mark("traffic back")
-            t.line(f"router: nginx sends traffic back to speculative decoding (X-Specguard-Pool: {pool})",
-                   "bold", "green")  # fmt: skip
-        else:
-            self.mark("traffic moved")
-            t.line(f"router: nginx sends traffic to standard decoding (X-Specguard-Pool: {pool})",
-                   "bold", "green")  # fmt: skip
+        self._moved(pool == "speculative", "nginx sends", f" (X-Specguard-Pool: {pool})")
+
+    def _moved(self, back: bool, said: str, detail: str) -> None:
+        self.mark("traffic back" if back else "traffic moved")
+        where = "back to speculative decoding" if back else "to standard decoding"
+        self.terminal.line(f"router: {said} traffic {where}{detail}", "bold", "green")
 
     def on_slack(self, kind: str, message: dict[str, Any]) -> None:
         t = self.terminal

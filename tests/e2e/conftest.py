@@ -10,7 +10,6 @@ server serves it with itself as the draft model (``method: draft_model``, k = 4)
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -20,7 +19,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.realclient import SERVED_NAME, VllmServer  # importable through pytest's pythonpath = ["."]
-from tests.e2e.serving import build_model, offline_env, omp_cpus, stop, wait_healthy
+from tests.e2e.serving import build_model, offline_env, omp_cpus, serve_command, stop, wait_healthy
 from tests.real import require_vllm_python
 
 NUM_SPECULATIVE_TOKENS = 4
@@ -76,16 +75,7 @@ def vllm_server(
         "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
         "method": "draft_model",
     }
-    command = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", SERVED_NAME,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--max-model-len", "1024",
-        "--dtype", "bfloat16",
-        "--speculative-config", json.dumps(speculative),
-    ]  # fmt: skip
+    command = serve_command(python, model_dir, port, speculative, SERVED_NAME)
     worker_cpus, other_cpus = omp_cpus()
     env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(worker_cpus)))
     own_cpus = os.sched_getaffinity(0)

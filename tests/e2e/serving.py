@@ -4,6 +4,7 @@ locally, the wait for /health, the CPUs its OpenMP threads get, a clean stop of 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +36,22 @@ def offline_env(root: Path) -> dict[str, str]:
         DO_NOT_TRACK="1",
     )
     return env
+
+
+def serve_command(
+    python: str, model: Path, port: int, speculative: dict[str, Any], served_name: str | None = None
+) -> list[str]:
+    """vLLM's OpenAI server on loopback for the tiny model: the options every e2e server shares."""
+    named = ["--served-model-name", served_name] if served_name else []
+    return [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), *named,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--max-model-len", "1024",
+        "--dtype", "bfloat16",
+        "--speculative-config", json.dumps(speculative),
+    ]  # fmt: skip
 
 
 def tail(log: Path, lines: int = 40) -> str:

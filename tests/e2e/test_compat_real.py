@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from specguard.cli.entry import main
-from tests.e2e.serving import STARTUP_TIMEOUT, build_model, offline_env, stop, tail
+from tests.e2e.serving import STARTUP_TIMEOUT, build_model, offline_env, serve_command, stop, tail
 from tests.ports import free_port
 from tests.real import require_vllm_python
 
@@ -87,15 +87,7 @@ def test_vllm_refuses_the_pair_compat_calls_incompatible(
 
     port = free_port()
     speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2}
-    command = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(target),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--max-model-len", "1024",
-        "--dtype", "bfloat16",
-        "--speculative-config", json.dumps(speculative),
-    ]  # fmt: skip
+    command = serve_command(python, target, port, speculative)
     log = root / "vllm.log"
     started = time.monotonic()
     with log.open("wb") as sink:
