@@ -244,6 +244,18 @@ def shape(value: Any, key: str = "") -> Any:
     return "str"
 
 
+def one_choice_each(events: list[Any]) -> list[Any]:
+    """The stream's events with a chunk of several choices split into one chunk per choice."""
+    out: list[Any] = []
+    for event in events:
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if isinstance(choices, list) and len(choices) > 1:
+            out += [{**event, "choices": [choice]} for choice in choices]
+        else:
+            out.append(event)
+    return out
+
+
 def view(probe: Probe, observed: dict[str, Any]) -> dict[str, Any]:
     """What the comparison looks at for one answer."""
     body = observed["body"]
@@ -252,7 +264,10 @@ def view(probe: Probe, observed: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(body, list) and body and body[-1] == "[DONE]":
         # How many chunks there are, and the order the chunks of several choices interleave in,
         # are the run's own: compare the first and last events, and the set of shapes of those in
-        # between (``middle``; see differences() for a stream that has none).
+        # between (``middle``; see differences() for a stream that has none). So is whether one
+        # chunk carries two choices' tokens or each its own (a server under load batches more):
+        # a chunk is looked at one choice at a time.
+        body = one_choice_each(body)
         middle = sorted({json.dumps(shape(event)) for event in body[1:-2]})
         shown = {"first": shape(body[0]), "middle": middle, "last": [shape(e) for e in body[-2:]]}
         shown["choice indexes"] = sorted(

@@ -336,7 +336,8 @@ async def test_the_simulator_answers_every_probe_as_the_real_server_does(
         ours = await observe_all(sim.url)
     finally:
         await sim.stop()
-    assert differences(real, ours) == {}
+    differ = differences(real, ours)
+    assert differ == {}, json.dumps(differ, indent=1)  # whole, for a difference seen once
     report(
         f"{len(PROBES)} HTTP probes: the simulator answered each as vLLM {real['version']['body']['version']} did"
     )
