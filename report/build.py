@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from specguard.report import figures as fig
+from specguard.metrics import figures as fig
 from specguard.report.model import HEADLINE, LATENCY, VERSION, Report, headline
 from specguard.report.traffic import Pools, is_router, traffic
 from specguard.store import history

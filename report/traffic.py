@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from specguard.config.routing import RoutingConfig
-from specguard.report import figures as fig
+from specguard.metrics import figures as fig
 from specguard.rules.router_signals import ROUTE_BUCKETS
 from specguard.sources.quantiles import bucket_quantile
 from specguard.store.history import MALFORMED, ROUTE, Span, route_parts
