@@ -205,6 +205,7 @@ def _resolve_paths(config: Config, base: Path) -> Config:
 
     update: dict[str, Any] = {
         "baseline": resolve(config.baseline),
+        "serving": resolve(config.serving),
         "state_dir": resolve(config.state_dir),
         "server": config.server.model_copy(
             update={"webhook_token_file": resolve(config.server.webhook_token_file)}

@@ -23,6 +23,7 @@ from specguard.common.addresses import is_loopback
 from specguard.common.schedule import cron
 from specguard.common.secrets import SecretRef
 from specguard.common.sizes import parse_size
+from specguard.config.preflight import PreflightConfig
 from specguard.config.routing import RoutingConfig
 from specguard.rules.durations import Duration, Interval
 from specguard.sources.scrape import DEFAULT_MAX_PAGE_BYTES
@@ -268,6 +269,10 @@ class Config(_Strict):
     history: HistoryConfig = HistoryConfig()
     report: ReportConfig = ReportConfig()
     routing: RoutingConfig | None = None  # the nginx router's traffic classes (`specguard routing render`)
+    # The serving file (`specguard serve-config`'s): the target, the draft and k that diagnose,
+    # preflight and tune hold the running server to.
+    serving: Path | None = None
+    preflight: PreflightConfig = PreflightConfig()
     interval: Interval = 15.0
     dry_run: bool = False
     log_format: Literal["auto", "json", "text"] = "auto"

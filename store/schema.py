@@ -102,6 +102,16 @@ CREATE TABLE IF NOT EXISTS reports (
     scheduled REAL PRIMARY KEY, made REAL NOT NULL, period_from REAL NOT NULL, period_to REAL NOT NULL,
     paths TEXT NOT NULL
 );
+-- What `specguard tune` recommended, one row per finished sweep: preflight holds the running k to it.
+CREATE TABLE IF NOT EXISTS tune_results (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, url TEXT NOT NULL, model TEXT NOT NULL,
+    k_running INTEGER, recommended INTEGER NOT NULL, margin REAL, result TEXT NOT NULL
+);
+-- Fallback drills (`specguard preflight --drill`): engaged, traffic seen moving, restored.
+CREATE TABLE IF NOT EXISTS drills (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, started REAL NOT NULL, finished REAL, action TEXT NOT NULL,
+    outcome TEXT NOT NULL, detail TEXT NOT NULL
+);
 """
 
 

@@ -1,0 +1,51 @@
+"""The ``preflight:`` section: what ``specguard preflight`` holds the host to, and where it looks.
+
+Every key has a default, so a config without the section is checked on the playbook's numbers.
+Paths are relative to the config file's directory.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specguard.common.paths import ConfigPath
+from specguard.rules.durations import Duration
+
+DAY = 86400.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DrillConfig(_Strict):
+    """Item 7: the fallback drill (``--drill``), and how old the last one may be without it."""
+
+    action: str | None = None  # the feature_flag action to engage (default: the only one)
+    # The standard (non-speculative) servers' /metrics pages, whose request counters show traffic
+    # arriving there; default: the servers of the routing section's fallback pool.
+    standard_metrics: tuple[str, ...] = ()
+    probe_requests: int = Field(4, ge=1, le=100)  # sent through the router when there is one
+    timeout: Duration = Field(120.0, gt=0)  # for traffic to be seen moving
+    max_age: Duration = Field(30 * DAY, gt=0)  # without --drill: the last drill's age
+
+
+class PrometheusCheck(_Strict):
+    """Item 9: Prometheus scrapes vLLM and specguard, has the exported rules, and the dashboard."""
+
+    url: str | None = None  # default: sources.prometheus.url
+    rules_file: ConfigPath | None = None  # the exported rules file as Prometheus loads it
+    grafana_dashboard: ConfigPath | None = None  # the dashboard file Grafana provisions
+
+
+class PreflightConfig(_Strict):
+    """The checklist's numbers (the playbook's by default) and where its evidence lives."""
+
+    min_acceptance: float = Field(0.55, gt=0, lt=1)  # item 4
+    acceptance_period: Duration = Field(7 * DAY, gt=0)  # item 4: production traffic sampled
+    min_speedup: float = Field(1.3, gt=0)  # item 5
+    max_kv_cache_usage: float = Field(0.95, gt=0, le=1)  # item 6, at peak
+    baseline_max_age: Duration = Field(30 * DAY, gt=0)  # item 1
+    drill: DrillConfig = DrillConfig()
+    prometheus: PrometheusCheck = PrometheusCheck()
+    slack: str | None = None  # item 11: the slack action --notify-test posts through (default: the only one)
