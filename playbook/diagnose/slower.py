@@ -57,6 +57,7 @@ class _Server:
     remedy: list[str] = field(default_factory=list)
     table: list[str] = field(default_factory=list)
     judged: bool = False  # it drafted in the window
+    complete: bool = True  # the draft's cost and the KV-cache usage were known
 
 
 def draft_cost(
@@ -144,6 +145,7 @@ def _judge_server(instance: str, model: str, spans: Sequence[Span], evidence: Ev
     add(Figure("estimated_speedup", speedup, "x", "< 1: speculation does not pay",
                "MAL / (1 + k·c)" if speedup is not None else "needs c", scope))  # fmt: skip
     if cost is None:
+        out.complete = False
         out.missing.append(f"{scope}: the draft's cost c ({cost_source})")
     elif speedup is not None and speedup < 1:
         if alpha is not None and alpha < LOW:
@@ -165,6 +167,7 @@ def _judge_server(instance: str, model: str, spans: Sequence[Span], evidence: Ev
     add(Figure("preemptions", preempted, "", "rising over the window's hours: pressure",
                source + (": per hour " + ", ".join(fmt(c) for c in by_hour) if len(by_hour) > 1 else ""), scope))  # fmt: skip
     if peak is None:
+        out.complete = False
         out.missing.append(f"{scope}: KV-cache usage (vllm:kv_cache_usage_perc, vLLM >= 0.9.2)")
     pressure = []
     if peak is not None and peak > KV_FULL:
@@ -242,17 +245,11 @@ async def judge(evidence: Evidence) -> Finding:
         return Finding(
             CASE, TITLE, Verdict.CAUSE_FOUND, "; ".join(causes), figures, remedy, tuple(missing), details
         )
-    complete = all(
-        not any(
-            m.startswith(s.scope + ": the draft's cost") or m.startswith(s.scope + ": KV") for m in s.missing
-        )
-        for s in judged
-    )
     if suspicions:
         return Finding(
             CASE, TITLE, Verdict.SUSPECT, "; ".join(suspicions), figures, remedy, tuple(missing), details
         )
-    if not complete:
+    if not all(s.complete for s in judged):
         return Finding(CASE, TITLE, Verdict.UNKNOWN,
                        "acceptance is fine, but whether speculation pays cannot be told: " + "; ".join(missing),
                        figures, (), tuple(missing), details)  # fmt: skip
