@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from specguard.common.redact import shown
 from specguard.playbook.diagnose.evidence import Evidence
 from specguard.store.exposition import Labels, Snapshot, catalog_sample_names
 from specguard.store.history import HOUR, MALFORMED, MINUTE, ROUTE, Components, Span, gauges, increases, merge
@@ -230,7 +231,7 @@ async def from_scrape(
     finally:
         await source.close()
     end = clock()
-    notes = [f"scraping {shown}: {error}" for shown, error in sorted(source.last_errors.items())]
+    notes = [f"scraping {shown(url)}: {error}" for url, error in sorted(source.last_errors.items())]
     read: Keyed = {}
     for instance, taken in points.items():
         if len(taken) < 2:

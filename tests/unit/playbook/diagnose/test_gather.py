@@ -175,3 +175,16 @@ def test_a_bench_file_that_is_not_a_bench_result_is_refused(tmp_path: Path) -> N
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"phases": {"chat": {}}}))
     assert gather.load_bench(good) == {"phases": {"chat": {}}}
+
+
+async def test_a_target_that_cannot_be_scraped_is_a_note_without_its_credentials(
+    unused_tcp_port: int,
+) -> None:
+    url = f"http://ops:s3cret@127.0.0.1:{unused_tcp_port}/metrics"
+    clock = iter(float(t) for t in range(1000, 2000))
+    _, _, servers, _, notes = await gather.from_scrape(
+        [url], {}, 10.0, 1.0, 2**20, clock=lambda: next(clock), step=0.0
+    )
+    assert not servers
+    assert notes[0].startswith(f"scraping http://127.0.0.1:{unused_tcp_port}/metrics: ")
+    assert "fewer than two scrapes" not in " ".join(notes) and not any("s3cret" in note for note in notes)
