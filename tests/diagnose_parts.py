@@ -1,10 +1,12 @@
 """History components of a window with a given acceptance, as vLLM's counters would add up under
 the chain model (position i accepted with probability alpha given the ones before), for the tests
-of ``specguard diagnose``."""
+of ``specguard diagnose``; and a vLLM /metrics page with given counter values."""
 
 from __future__ import annotations
 
 from specguard.store.history import Components, Span
+
+MODEL = "llama"  # the model_name of page()
 
 
 def chain_parts(alpha: float, k: int, drafts: float = 10_000.0, **more: float) -> Components:
@@ -29,3 +31,23 @@ def kv(peak: float, mean: float | None = None, samples: float = 60.0) -> Compone
 
 def span(start: int, parts: Components, minutes: int = 60) -> Span:
     return Span(start, minutes, parts)
+
+
+def page(drafts: float, accepted: float, per_pos: list[float], kv: float, preemptions: float = 0.0) -> str:
+    """A vLLM /metrics page (the lines specguard reads) with these counter values."""
+    head = f'model_name="{MODEL}",engine="0"'
+    lines = [
+        "# TYPE vllm:spec_decode_num_drafts_total counter",
+        f"vllm:spec_decode_num_drafts_total{{{head}}} {drafts}",
+        "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+        f"vllm:spec_decode_num_draft_tokens_total{{{head}}} {drafts * len(per_pos)}",
+        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+        f"vllm:spec_decode_num_accepted_tokens_total{{{head}}} {accepted}",
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+        *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{head},position="{i}"}} {v}' for i, v in enumerate(per_pos)),
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{head}}} {kv}",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{{{head}}} {preemptions}",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"

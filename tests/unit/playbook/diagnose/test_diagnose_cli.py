@@ -18,7 +18,7 @@ from specguard.playbook.diagnose.finding import Finding, Verdict
 from specguard.store.database import Store
 from specguard.store.exposition import parse_exposition
 from specguard.store.history import record
-from tests.unit.playbook.diagnose.test_gather import page
+from tests.diagnose_parts import page
 
 
 def config(tmp_path: Path, cost: float | None = 0.05) -> Path:

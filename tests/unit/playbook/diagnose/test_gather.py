@@ -17,28 +17,7 @@ from specguard.playbook.diagnose import gather
 from specguard.store.database import Store
 from specguard.store.exposition import parse_exposition
 from specguard.store.history import HOUR, Span, record
-
-MODEL = "llama"
-
-
-def page(drafts: float, accepted: float, per_pos: list[float], kv: float, preemptions: float = 0.0) -> str:
-    """A vLLM /metrics page (the lines specguard reads) with these counter values."""
-    head = f'model_name="{MODEL}",engine="0"'
-    lines = [
-        "# TYPE vllm:spec_decode_num_drafts_total counter",
-        f"vllm:spec_decode_num_drafts_total{{{head}}} {drafts}",
-        "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-        f"vllm:spec_decode_num_draft_tokens_total{{{head}}} {drafts * len(per_pos)}",
-        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
-        f"vllm:spec_decode_num_accepted_tokens_total{{{head}}} {accepted}",
-        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
-        *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{head},position="{i}"}} {v}' for i, v in enumerate(per_pos)),
-        "# TYPE vllm:kv_cache_usage_perc gauge",
-        f"vllm:kv_cache_usage_perc{{{head}}} {kv}",
-        "# TYPE vllm:num_preemptions_total counter",
-        f"vllm:num_preemptions_total{{{head}}} {preemptions}",
-    ]  # fmt: skip
-    return "\n".join(lines) + "\n"
+from tests.diagnose_parts import MODEL, page
 
 
 def check(spans: list[Span], drafts: float, accepted: float, peak: float) -> None:
