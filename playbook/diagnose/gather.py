@@ -2,11 +2,12 @@
 
 Three ways to the same spans (``store/history.py``'s per-minute components):
 
-- **history** (the default): the store's history over the window, as the daemon recorded it;
+- **history** (the default): the store's history over the window, as the daemon recorded it (by
+  the minute in a window up to six hours, so that case 1 sees its quarters);
 - **prometheus**: instant queries of the raw vLLM series at the window's start, at each whole hour
-  inside it and at its end, turned into exposition snapshots per instance and compared with
-  ``store.history.increases`` (reset-aware, as history counts); the KV-cache usage from
-  ``max_over_time`` / ``avg_over_time`` over each stretch;
+  inside it (at each quarter of a window under two hours) and at its end, turned into exposition
+  snapshots per instance and compared with ``store.history.increases`` (reset-aware, as history
+  counts); the KV-cache usage from ``max_over_time`` / ``avg_over_time`` over each stretch;
 - **scrape**: the config's targets scraped now, every few seconds for a short window (``--scrape
   60s``), each scrape compared with the one before it.
 
@@ -33,6 +34,7 @@ Keyed = dict[tuple[str, str], list[Span]]
 # Prometheus's own labels, which a vLLM page does not carry.
 _TARGET_LABELS = ("instance", "job")
 KV = "vllm:kv_cache_usage_perc"
+MINUTE_ROWS_UP_TO = 6 * HOUR  # a window up to this long is read by the minute from history
 SCRAPE_STEP = 5.0  # seconds between two scrapes of a live window (at most; six scrapes at least)
 
 
@@ -68,9 +70,10 @@ async def from_history(
             {},
             [f"no state database at {path}: the daemon has not recorded history with this state_dir"],
         )
+    hours = end - start > MINUTE_ROWS_UP_TO  # a short window by the minute: its quarters are told apart
     try:
         async with opened(path) as store:
-            read = await store.call(lambda db: history.read(db, start, end))
+            read = await store.call(lambda db: history.read(db, start, end, hours=hours))
     except StoreError as exc:
         return {}, {}, [f"the state database {path}: {exc}"]
     servers, routes = split(read)
@@ -128,7 +131,10 @@ def prometheus_querier(url: str, timeout: float, token: str | None, verify_tls: 
 
 
 def points_in(start: float, end: float) -> list[float]:
-    """The window's start, each whole hour inside it and its end."""
+    """The window's start, each whole hour inside it and its end; a window under two hours in
+    quarters (case 1 looks for preemptions rising from one stretch to the next)."""
+    if end - start < 2 * HOUR:
+        return [start + (end - start) * i / 4 for i in range(4)] + [end]
     first = math.floor(start / HOUR) * HOUR + HOUR
     return [start, *(float(t) for t in range(int(first), math.ceil(end), HOUR) if start < t < end), end]
 

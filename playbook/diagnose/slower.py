@@ -10,8 +10,9 @@ speedup, and KV-cache pressure, per vLLM server; the cause named and the step to
   1 + k·c target steps), else the method's default (0 for n-gram, 0.05 for drafting heads).
 - **Estimated speedup** MAL / (1 + k·c) (Leviathan et al., Theorem 3.8, with the window's mean
   acceptance length): below 1, speculation does not pay.
-- **KV-cache pressure**: usage over 95 % at the window's peak, or preemptions rising from one hour
-  of the window to the next.
+- **KV-cache pressure**: usage over 95 % at the window's peak, or preemptions rising over the
+  window (more in its last hour than in its first; in a window under two hours, its last quarter
+  than its first).
 
 The cause is acceptance (α̂ under 0.3, or speculation not paying with α̂ under 0.5), the draft's
 cost (speculation not paying though α̂ is 0.5 or more), or KV pressure; the steps are a better
@@ -38,6 +39,7 @@ TITLE = "Slower since speculation was enabled"
 COLLAPSE = 0.3  # α̂ below this: acceptance has collapsed
 LOW = 0.5  # α̂ below this: acceptance is low
 KV_FULL = 0.95  # KV-cache usage above this at the window's peak: pressure
+QUARTERS = 4  # a window under two hours is cut in this many stretches to see preemptions rise
 ACCEPTANCE_LINE = f"< {COLLAPSE} collapse, < {LOW} low"
 FALL_BACK = (
     "fall back to standard decoding: engage the flag of the config's feature_flag action, or restart "
@@ -91,21 +93,28 @@ def draft_cost(
     return None, cost or "no draft cost"
 
 
-def preemptions_by_hour(spans: Sequence[Span], start: float) -> list[float]:
-    """The window's preemptions in each hour from its start (an hour row falls in the hour it
+def stretch(start: float, end: float) -> tuple[float, str]:
+    """What preemptions are counted by to see them rise: the hour, or in a window shorter than two
+    hours, a quarter of it."""
+    if end - start >= 2 * HOUR:
+        return HOUR, "hour"
+    return (end - start) / QUARTERS, f"{(end - start) / QUARTERS / 60:.0f} min"
+
+
+def preemptions_by(spans: Sequence[Span], start: float, end: float) -> list[float]:
+    """The window's preemptions in each stretch from its start (a span falls in the stretch it
     starts in)."""
-    hours: dict[int, float] = {}
+    length, _ = stretch(start, end)
+    counts = [0.0] * max(1, math.ceil((end - start) / length - 1e-9))
     for span in spans:
-        index = max(0, int((span.start - start) // HOUR))
-        hours[index] = hours.get(index, 0.0) + span.parts.get("preemptions", 0.0)
-    if not hours:
-        return []
-    return [hours.get(i, 0.0) for i in range(max(hours) + 1)]
+        index = min(len(counts) - 1, max(0, int((span.start - start) // length)))
+        counts[index] += span.parts.get("preemptions", 0.0)
+    return counts
 
 
 def rising(counts: Sequence[float]) -> bool:
-    """Preemptions rising over the window's hours: more in its last hour than in its first, and
-    some in the last."""
+    """Preemptions rising over the window: more in its last stretch than in its first, and some in
+    the last."""
     return len(counts) >= 2 and counts[-1] > counts[0] and counts[-1] > 0
 
 
@@ -160,12 +169,13 @@ def _judge_server(instance: str, model: str, spans: Sequence[Span], evidence: Ev
             )
 
     peak, mean = figs["kv_cache_usage_max"], figs["kv_cache_usage_mean"]
-    by_hour = preemptions_by_hour(spans, evidence.start)
+    by_hour = preemptions_by(spans, evidence.start, evidence.end)
+    _, each = stretch(evidence.start, evidence.end)
     preempted = parts.get("preemptions", 0.0)
     add(Figure("kv_cache_usage_peak", None if peak is None else peak * 100, "%", f"> {KV_FULL * 100:.0f} %: pressure", source, scope))  # fmt: skip
     add(Figure("kv_cache_usage_mean", None if mean is None else mean * 100, "%", "", source, scope))
-    add(Figure("preemptions", preempted, "", "rising over the window's hours: pressure",
-               source + (": per hour " + ", ".join(fmt(c) for c in by_hour) if len(by_hour) > 1 else ""), scope))  # fmt: skip
+    add(Figure("preemptions", preempted, "", "rising over the window: pressure",
+               source + (f": per {each} " + ", ".join(fmt(c) for c in by_hour) if len(by_hour) > 1 else ""), scope))  # fmt: skip
     if peak is None:
         out.complete = False
         out.missing.append(f"{scope}: KV-cache usage (vllm:kv_cache_usage_perc, vLLM >= 0.9.2)")
@@ -173,7 +183,7 @@ def _judge_server(instance: str, model: str, spans: Sequence[Span], evidence: Ev
     if peak is not None and peak > KV_FULL:
         pressure.append(f"KV-cache usage peaked at {peak * 100:.0f} %")
     if rising(by_hour):
-        pressure.append(f"preemptions rose from {fmt(by_hour[0])} to {fmt(by_hour[-1])} an hour")
+        pressure.append(f"preemptions rose from {fmt(by_hour[0])} to {fmt(by_hour[-1])} per {each}")
     if pressure:
         out.causes.append(f"KV-cache pressure on {scope}: " + " and ".join(pressure))
     elif preempted > 0:

@@ -48,10 +48,10 @@ def test_spans_from_snapshots_count_a_restart_from_zero() -> None:
     assert spans[0].parts["kv:n"] == 2 and spans[1].parts["kv:n"] == 1  # every scrape's gauge, once
 
 
-def test_the_points_of_a_window_are_its_ends_and_its_whole_hours() -> None:
+def test_the_points_of_a_window_are_its_ends_and_its_whole_hours_or_its_quarters() -> None:
     start = 10 * HOUR + 1800.0
-    assert gather.points_in(start, start + 600) == [start, start + 600]
     assert gather.points_in(start, 13 * HOUR) == [start, 11 * HOUR, 12 * HOUR, 13 * HOUR]
+    assert gather.points_in(start, start + 3600) == [start + 900.0 * i for i in range(5)]
 
 
 async def test_history_recorded_from_scrapes_is_read_back(store: Store, tmp_path: Path) -> None:
@@ -94,12 +94,18 @@ class FakePrometheus:
 
 async def test_prometheus_series_at_the_window_points_become_spans() -> None:
     start = 10 * HOUR + 1800.0
-    pages = {start: page(100, 50, [30, 20], 0), 11 * HOUR: page(700, 350, [210, 140], 0), 11 * HOUR + 900.0: page(1000, 500, [300, 200], 0)}  # fmt: skip
+    end = 12 * HOUR + 1800.0  # two hours: the points are its whole hours
+    pages = {start: page(100, 50, [30, 20], 0), 11 * HOUR: page(700, 350, [210, 140], 0),
+             12 * HOUR: page(40, 20, [12, 8], 0), end: page(340, 170, [102, 68], 0)}  # fmt: skip
     query = FakePrometheus(pages, (0.97, 0.5, 120))
-    servers, routes, notes = await gather.from_prometheus(query, start, 11 * HOUR + 900)
+    servers, routes, notes = await gather.from_prometheus(query, start, end)
     spans = servers[("10.0.0.7:8000", MODEL)]
-    assert [s.start for s in spans] == [start, 11 * HOUR] and [s.minutes for s in spans] == [30, 15]
-    check(spans, 900, 450, 0.97)
+    assert [s.start for s in spans] == [start, 11 * HOUR, 12 * HOUR] and [s.minutes for s in spans] == [
+        30,
+        60,
+        30,
+    ]
+    check(spans, 600 + 40 + 300, 300 + 20 + 150, 0.97)  # vLLM restarted before 12:00: counted from 0
     assert spans[0].parts["kv:sum"] == pytest.approx(60.0) and spans[0].parts["kv:n"] == 120
     assert not notes and not routes
     assert (

@@ -102,11 +102,27 @@ async def test_preemptions_rising_over_the_hours_is_pressure_and_steady_ones_onl
     ]
     finding = await slower.judge(evidence(hours, EAGLE, hours=3))
     assert finding.verdict is Verdict.CAUSE_FOUND
-    assert "preemptions rose from 0 to 30 an hour" in finding.summary
+    assert "preemptions rose from 0 to 30 per hour" in finding.summary
     assert value(finding, "preemptions") == 34
     steady = [span(T0 + i * HOUR, chain_parts(0.8, 3, preemptions=5) | kv(0.9)) for i in range(3)]
     finding = await slower.judge(evidence(steady, EAGLE, hours=3))
     assert finding.verdict is Verdict.SUSPECT and "15 preemptions" in finding.summary
+
+
+async def test_in_a_window_under_two_hours_preemptions_rise_from_one_quarter_to_the_next() -> None:
+    minutes = [
+        span(
+            T0 + 60 * i,
+            chain_parts(0.8, 3, drafts=100, preemptions=1.0 if i >= 45 else 0.0) | kv(0.9, samples=6),
+            1,
+        )
+        for i in range(60)
+    ]
+    finding = await slower.judge(evidence(minutes, EAGLE))
+    assert finding.verdict is Verdict.CAUSE_FOUND
+    assert "preemptions rose from 0 to 15 per 15 min" in finding.summary
+    source = next(f.source for f in finding.figures if f.name == "preemptions")
+    assert source.endswith("per 15 min 0, 0, 0, 15")
 
 
 async def test_a_healthy_server_is_fine_with_its_speedup() -> None:
