@@ -98,7 +98,8 @@ def stretch(start: float, end: float) -> tuple[float, str]:
     hours, a quarter of it."""
     if end - start >= 2 * HOUR:
         return HOUR, "hour"
-    return (end - start) / QUARTERS, f"{(end - start) / QUARTERS / 60:.0f} min"
+    quarter = (end - start) / QUARTERS
+    return quarter, f"{quarter / 60:.3g} min" if quarter >= 60 else f"{quarter:.3g} s"
 
 
 def preemptions_by(spans: Sequence[Span], start: float, end: float) -> list[float]:
