@@ -13,6 +13,7 @@ from specguard.cli import (
     check,
     compat,
     demo,
+    diagnose,
     export,
     history,
     ladder,
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     backup.add_parser(sub)
     compat.add_parser(sub)
+    diagnose.add_parser(sub)
     serve_config.add_parser(sub)
     from specguard.playbook.bench import cli as bench_cli
 
@@ -95,6 +97,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": report.cmd_report,
     "backup": backup.cmd_backup,
     "compat": compat.cmd_compat,
+    "diagnose": diagnose.cmd_diagnose,
     "demo": demo.cmd_demo,
     "serve-config": serve_config.cmd_serve_config,
     "tune": tune.cmd_tune,
