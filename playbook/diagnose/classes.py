@@ -245,7 +245,7 @@ def assess(source: Source) -> Source:
             state = "far below" if rate < FAR * rest else "low" if rate < NEAR * rest else "ok"
         source.states[i] = (state, rest)
     few = [source.groups[i] for i, (s, _) in source.states.items() if s == "too few drafts"]
-    if few and len(source.judged) < 2:
+    if few:
         source.notes.append(
             f"{source.name}: too few drafts to judge (at least {MIN_DRAFTS} each): "
             + ", ".join(f"{g.label} {g.drafts:.0f}" for g in few)
@@ -274,7 +274,8 @@ async def judge(evidence: Evidence) -> Finding:
         rates = [chosen.groups[i].rate or 0.0 for i in chosen.judged]
         summary = (f"no class far below the rest: acceptance {min(rates):.2f} to {max(rates):.2f} over "
                    f"{len(rates)} groups ({chosen.name})")  # fmt: skip
-        return Finding(CASE, TITLE, verdict, summary, figures, (), (), details)
+        unjudged = tuple(n for n in chosen.notes if "too few drafts" in n)
+        return Finding(CASE, TITLE, verdict, summary, figures, (), unjudged, details)
     said = "; ".join(
         f"{g.label} {g.rate or 0.0:.2f} against {rest or 0.0:.2f} for the rest" for g, rest in marked
     )

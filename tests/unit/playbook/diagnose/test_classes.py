@@ -128,6 +128,22 @@ async def test_classes_alike_are_fine_even_when_all_are_low() -> None:
         assert found.remedy == ()
 
 
+async def test_a_class_with_too_few_drafts_is_not_judged_and_said_so_beside_a_fine_verdict() -> None:
+    evidence = window(chat=0.8, creative=0.75)
+    servers = {**evidence.servers, ("127.0.0.1:8004", "m"): [Span(START, 60, drafted(0.02, 50))]}
+    routing = RoutingConfig.model_validate(
+        {**SECTION, "pools": {**SECTION["pools"], "poems": {"servers": ["127.0.0.1:8004"]}}}
+    )
+    routes = {
+        ROUTER: [Span(START, 60, {**evidence.routes[ROUTER][0].parts, route_key("n", "poems", "poems"): 3})]
+    }
+    found = await judge(Evidence("history", START, START + 3600, servers, routes, routing=routing))
+    assert found.verdict is Verdict.FINE
+    assert found.missing == (
+        "router: too few drafts to judge (at least 200 each): class poems (pool poems) 50",
+    )
+
+
 async def test_too_few_drafts_is_unknown_never_fine() -> None:
     found = await judge(window(chat=0.8, creative=0.05, drafts=MIN_DRAFTS - 1))
     assert found.verdict is Verdict.UNKNOWN
