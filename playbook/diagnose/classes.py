@@ -330,10 +330,14 @@ def _figures(source: Source) -> list[Figure]:
             out.append(Figure("drafts", group.drafts, "drafts", f">= {MIN_DRAFTS} to judge: too few",
                               group.source, group.label))  # fmt: skip
             continue
-        line = f"far below: < {LOW} and < {FAR:g} x the rest's {rest:.2f}" if rest is not None else ""
+        line = (
+            f"far below if < {LOW} and < {FAR * rest:.2f} ({FAR:g} x the rest's {rest:.2f})"
+            if rest is not None
+            else ""
+        )
         out.append(Figure("acceptance_rate", group.rate, "", line, group.source, group.label))
         out.append(Figure("rest_acceptance_rate", rest, "", "the other classes' pooled acceptance",
-                          group.source, group.label))  # fmt: skip
+                          f"{source.name}: the other classes' figures", group.label))  # fmt: skip
         out.append(
             Figure("drafts", group.drafts, "drafts", f">= {MIN_DRAFTS} to judge", group.source, group.label)
         )
