@@ -167,6 +167,10 @@ async def run_compat(serving_file: Path | None) -> CompatReading:
         return CompatReading(target, draft, serving.method, problem=f"compat cannot run: {exc}")
     except loading.InputError as exc:
         return CompatReading(target, draft, serving.method, problem=f"compat: {exc}")
+    except (OSError, ValueError) as exc:  # a file transformers or tokenizers could not use
+        return CompatReading(
+            target, draft, serving.method, problem=f"compat failed: {type(exc).__name__}: {exc}"
+        )
     deciding = [c for c in report.checks if c.area in VOCABULARY_AREAS or c.name == "vocab_size"]
     ranked = max((c.verdict for c in deciding), key=lambda v: v.rank, default=None)
     sizes = next(
