@@ -273,9 +273,9 @@ def _remedy(compat: CompatReading, refused: Sequence[LogReading]) -> tuple[str, 
     if compat.method in ("", "draft_model"):
         steps.append('vLLM 0.25-0.33 only: "use_heterogeneous_vocab": true in the speculative config skips the '
                      "check, for method draft_model with greedy drafting only")  # fmt: skip
-    steps += [
-        f"compat: {c['name']}: {c['evidence']}" for c in compat.checks if c["verdict"] == "incompatible"
-    ]
+    wrong = [c for c in compat.checks if c["verdict"] == "incompatible"]
+    wrong.sort(key=lambda c: c["name"] != "vocab_size")  # the size vLLM compares first
+    steps += [f"compat: {c['name']}: {c['evidence']}" for c in wrong]
     return tuple(steps)
 
 
