@@ -15,6 +15,7 @@ from specguard.config.routing import RoutingConfig
 from specguard.playbook.diagnose.classes import MIN_DRAFTS, judge
 from specguard.playbook.diagnose.evidence import Evidence
 from specguard.playbook.diagnose.finding import Finding, Verdict
+from specguard.playbook.diagnose.reroute import reroute
 from specguard.playbook.routing.classify import classify
 from specguard.store.history import Span, route_key
 
@@ -256,3 +257,37 @@ async def test_bench_phases_without_acceptance_say_why() -> None:
     found = await judge(window(routing=None, bench=bench(phases)))
     assert found.verdict is Verdict.UNKNOWN
     assert any("bench: prompt class chat: the server's counters went back" in line for line in found.missing)
+
+
+# --- the rule's YAML --------------------------------------------------------------------------------
+
+
+def test_names_yaml_would_read_as_booleans_are_quoted_and_read_back_as_given() -> None:
+    section = {**SECTION, "pools": {**SECTION["pools"], "on": {"servers": ["127.0.0.1:8009"]}},
+               "classes": [{"name": "yes", "pool": "on", "when": {"n": {"ge": 2}, "stream": True}}]}  # fmt: skip
+    routing = RoutingConfig.model_validate(section)
+    rule = reroute(routing, ["yes"], {}, {"yes": "why"})
+    assert rule.problems == ()
+    assert '- name: "yes"' in rule.text
+    after = RoutingConfig.model_validate({**section, **yaml.safe_load(rule.text)["routing"]})
+    assert [(c.name, c.pool, c.when) for c in after.classes] == [("yes", "standard", routing.classes[0].when)]
+
+
+def test_a_prompt_class_name_the_router_cannot_take_is_made_one_it_can() -> None:
+    rule = reroute(None, [], {"long context": {"model": "m-long"}, "default": {"model": "m-default"}}, {})
+    names = [c["name"] for c in yaml.safe_load(rule.text)["routing"]["classes"]]
+    assert names == ["long_context", "default_prompts"]
+    assert rule.problems == ()
+
+
+def test_what_cannot_be_written_is_said() -> None:
+    rule = reroute(ROUTING, ["nosuch", "short"], {}, {})
+    assert rule.text == ""  # nothing would change: no rule to paste
+    assert rule.problems == (
+        "class nosuch: the config's routing section has no class of that name, so its conditions are unknown",
+        "class short already goes to the fallback pool standard, whose servers speculate: turn speculation "
+        "off there, or name another pool",
+    )
+    assert reroute(None, ["default"], {}, {}).problems == (
+        "class default: the config has no routing section whose default_pool to change",
+    )
