@@ -84,7 +84,10 @@ def text(evidence: Evidence, findings: Sequence[Finding]) -> str:
             lines += [f"     {line}" for line in table]
         if finding.remedy:
             lines.append("   remedy:")
-            lines += [f"     {i}. {step}" for i, step in enumerate(finding.remedy, 1)]
+            for i, step in enumerate(finding.remedy, 1):  # a step may be lines (YAML to paste)
+                first, *more = step.splitlines() or [""]
+                lines.append(f"     {i}. {first}")
+                lines += [f"        {line}" for line in more]
         if finding.missing:
             lines.append("   missing: " + "; ".join(finding.missing))
     return "\n".join(lines) + "\n"
