@@ -67,9 +67,11 @@ async def _links(rules: list[LoadedRule]) -> tuple[list[str], Status]:
             continue
         base = None if rule.file.startswith("builtin:") else Path(rule.file).parent
         checks.append((rule, link, base))
+    unique = list(dict.fromkeys((link, base) for _, link, base in checks))  # each link followed once
     async with session() as http:
-        answers = await asyncio.gather(*(resolve(link, base, http) for _, link, base in checks))
-    for (rule, _, _), resolved in zip(checks, answers, strict=True):
+        answers = dict(zip(unique, await asyncio.gather(*(resolve(*u, http) for u in unique)), strict=True))
+    for rule, link, base in checks:
+        resolved = answers[(link, base)]
         lines.append(f"{rule.name}: {resolved.detail}")
         if resolved.status is Status.FAIL:
             worst = Status.FAIL
@@ -133,6 +135,9 @@ async def check(ctx: Context) -> Answer:
     if status is Status.FAIL:
         fixes.append(f"give each of these rules an annotation {ANNOTATION}: a page that opens (HTTP 2xx/3xx, "
                      "or a file with the anchor), then `systemctl reload specguard`")  # fmt: skip
+    elif status is Status.UNKNOWN:
+        fixes.append(f"write {ANNOTATION} without what only a firing knows ({{labels[...]}}, {{value}}), "
+                     "or follow the links listed by hand")  # fmt: skip
     if ctx.notify_test:
         said, worked = await _notify(ctx)
         evidence.append(said)

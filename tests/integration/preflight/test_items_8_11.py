@@ -347,3 +347,26 @@ async def test_the_simulated_chat_delete_answers_as_slack_does(slack: SlackApi) 
             "ok": False,
             "error": "cant_delete_message",
         }
+
+
+async def test_notify_test_through_an_incoming_webhook_posts_only(
+    tmp_path: Path, slack: SlackApi, wiki: str
+) -> None:
+    (tmp_path / "rules.yaml").write_text(json.dumps({"rules": [a_rule("acceptance_low", f"{wiki}/runbook")]}))
+    oncall = {"type": "slack", "webhook_url": {"file": "webhook-url"}}
+    (tmp_path / "webhook-url").write_text(slack.webhook_url + "\n")
+    config = write_config(tmp_path, rules=["rules.yaml"], actions={"oncall": oncall})
+    answer = await runbook.check(context(config, notify_test=True))
+    assert answer.status is Status.PASS, said(answer)
+    assert "posted through its incoming webhook (it stays)" in said(answer)
+    (posted,) = slack.webhook_posts
+    assert "cannot delete it" in posted["text"]
+
+
+async def test_a_link_that_depends_on_the_firing_is_unknown(
+    tmp_path: Path, slack: SlackApi, wiki: str
+) -> None:
+    rules = [a_rule("ok", f"{wiki}/runbook"), a_rule("per_series", f"{wiki}/runbook/{{labels[instance]}}")]
+    answer = await runbook.check(context(slack_config(tmp_path, slack, rules)))
+    assert answer.status is Status.UNKNOWN, said(answer)
+    assert answer.fix is not None and "without what only a firing knows" in answer.fix
