@@ -64,7 +64,7 @@ class SlackApi:
     webhook_posts: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[dict[str, Any]] = field(default_factory=list)  # by chat.delete, in order
     uploads: dict[str, Upload] = field(default_factory=dict)  # by file id, as announced
-    # called with ("post" | "update" | "delete", the message as stored) once it is stored, edited or deleted
+    # called with ("post" | "update", the message as stored) once a message is stored or edited
     listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
     _clock: int = 0
 
@@ -320,7 +320,6 @@ def _answer(api: SlackApi, name: str, body: dict[str, Any], origin: str) -> dict
                 if stored.get("via") != "api" or stored.get("by", TOKEN) != TOKEN:
                     return {"ok": False, "error": "cant_delete_message"}
                 api.deleted.append(api.messages.pop(index))
-                api.tell("delete", stored)
                 return {"ok": True, "channel": stored["channel"], "ts": stored["ts"]}
         return {"ok": False, "error": "message_not_found"}
     if name in ("conversations.history", "conversations.replies"):
