@@ -88,6 +88,8 @@ async def check(ctx: Context) -> Answer:
     moment = datetime.fromtimestamp(ctx.now - SLACK, UTC)
     due_at = previous_fire(trigger, moment, datetime.fromtimestamp(since or ctx.now, UTC))
     due = due_at.timestamp() if due_at is not None else None
+    if due is not None:
+        facts.append(f"the last one due was scheduled for {_when(due)}")
     if written is not None:
         facts.append(
             f"last report: scheduled {_when(written.scheduled)}, written {_when(written.made)}: "
@@ -98,13 +100,12 @@ async def check(ctx: Context) -> Answer:
         first = f"; the next is due {_when(upcoming.timestamp())}" if upcoming is not None else ""
         if written is not None:
             return Answer(Status.PASS, (*facts, f"no later report due yet{first}"))
-        seen = f"since {_when(since)}" if since is not None else "never (the daemon has not run with it)"
+        seen = _when(since) if since is not None else "never (the daemon has not run with it)"
         return Answer(
             Status.UNKNOWN,
             (*facts, f"the schedule was first seen {seen} and has not fired since{first}: no report due yet"),
             "none until it is due: check again after it",
         )
-    facts.append(f"the last one due was scheduled for {_when(due)}")
     if written is None or written.scheduled < due:
         return Answer(
             Status.FAIL,

@@ -100,25 +100,32 @@ def _slack_action(ctx: Context) -> tuple[str | None, str]:
     return None, f"several slack actions ({', '.join(found)}): name the one on-call reads in preflight.slack"
 
 
-async def _notify(ctx: Context) -> tuple[str, bool]:
-    """--notify-test: the evidence line, and whether it worked."""
+async def _notify(ctx: Context) -> tuple[str, str | None]:
+    """--notify-test: the evidence line, and the fix when it did not work (None: it did)."""
     from specguard.actions.slack import Failed, Retry, SlackAction
     from specguard.actions.slack.probe import NotDeleted
 
     name, why = _slack_action(ctx)
     if name is None:
-        return f"--notify-test: {why}", False
+        return f"--notify-test: {why}", "add a slack action for on-call's channel (docs/slack.md)"
     action = ctx.loaded.actions[name]
     assert isinstance(action, SlackAction)
     try:
         probe = await action.post_test(TEXT.format(host=socket.gethostname()))
     except NotDeleted as exc:
-        return f"--notify-test through actions.{name}: {exc}: delete it by hand", False
+        return (
+            f"--notify-test through actions.{name}: {exc}: delete it by hand",
+            "let the bot delete its own messages (its token's chat:write scope), then delete the test message",
+        )
     except (Retry, Failed) as exc:
-        return f"--notify-test through actions.{name}: not posted: {exc}", False
+        return (
+            f"--notify-test through actions.{name}: not posted: {exc}",
+            f"correct actions.{name}'s token and channel (docs/slack.md), then "
+            "`specguard preflight --only runbook --notify-test`",
+        )
     if not probe.deleted:
-        return f"--notify-test through actions.{name}: posted through its incoming webhook (it stays)", True
-    return f"--notify-test through actions.{name}: posted to {probe.channel} as {probe.ts}, and deleted", True
+        return f"--notify-test through actions.{name}: posted through its incoming webhook (it stays)", None
+    return f"--notify-test through actions.{name}: posted to {probe.channel} as {probe.ts}, and deleted", None
 
 
 async def check(ctx: Context) -> Answer:
@@ -139,12 +146,11 @@ async def check(ctx: Context) -> Answer:
         fixes.append(f"write {ANNOTATION} without what only a firing knows ({{labels[...]}}, {{value}}), "
                      "or follow the links listed by hand")  # fmt: skip
     if ctx.notify_test:
-        said, worked = await _notify(ctx)
+        said, fix = await _notify(ctx)
         evidence.append(said)
-        if not worked:
+        if fix is not None:
             status = Status.FAIL
-            fixes.append("correct the slack action's token and channel (docs/slack.md), "
-                         "then `specguard preflight --only runbook --notify-test`")  # fmt: skip
+            fixes.append(fix)
     else:
         name, why = _slack_action(ctx)
         evidence.append(

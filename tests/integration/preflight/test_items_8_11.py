@@ -312,6 +312,7 @@ async def test_notify_test_fails_when_the_message_cannot_be_deleted(
     answer = await runbook.check(context(config, notify_test=True))
     assert answer.status is Status.FAIL
     assert "but not deleted: chat.delete: cant_delete_message: delete it by hand" in said(answer)
+    assert answer.fix is not None and "chat:write" in answer.fix
     assert len(slack.messages) == 1 and slack.deleted == []
 
 
@@ -370,3 +371,18 @@ async def test_a_link_that_depends_on_the_firing_is_unknown(
     answer = await runbook.check(context(slack_config(tmp_path, slack, rules)))
     assert answer.status is Status.UNKNOWN, said(answer)
     assert answer.fix is not None and "without what only a firing knows" in answer.fix
+
+
+async def test_notify_test_fails_without_a_slack_action(tmp_path: Path, wiki: str) -> None:
+    (tmp_path / "rules.yaml").write_text(
+        json.dumps({"rules": [a_rule("low", f"{wiki}/runbook", ("fallback",))]})
+    )
+    fallback = {
+        "type": "feature_flag",
+        "file": {"path": "flag.json", "engage": {"speculative": False}, "restore": {"speculative": True}},
+    }
+    config = write_config(tmp_path, rules=["rules.yaml"], actions={"fallback": fallback})
+    answer = await runbook.check(context(config, notify_test=True))
+    assert answer.status is Status.FAIL, said(answer)
+    assert "--notify-test: the config has no slack action" in said(answer)
+    assert answer.fix is not None and "add a slack action" in answer.fix
