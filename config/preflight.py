@@ -33,9 +33,13 @@ class DrillConfig(_Strict):
 class PrometheusCheck(_Strict):
     """Item 9: Prometheus scrapes vLLM and specguard, has the exported rules, and the dashboard."""
 
-    url: str | None = None  # default: sources.prometheus.url
-    rules_file: ConfigPath | None = None  # the exported rules file as Prometheus loads it
-    grafana_dashboard: ConfigPath | None = None  # the dashboard file Grafana provisions
+    url: str | None = None  # default: sources.prometheus.url (none: that part is unknown)
+    # The exported rules file as Prometheus loads it: compared with a fresh export (none: only the
+    # rules API is asked).
+    rules_file: ConfigPath | None = None
+    # The dashboard file Grafana provisions (deploy/grafana/specguard.json as shipped, copied where
+    # Grafana reads it): checked against the signal catalog (none: that part is unknown).
+    grafana_dashboard: ConfigPath | None = None
 
 
 class PreflightConfig(_Strict):
@@ -48,4 +52,5 @@ class PreflightConfig(_Strict):
     baseline_max_age: Duration = Field(30 * DAY, gt=0)  # item 1
     drill: DrillConfig = DrillConfig()
     prometheus: PrometheusCheck = PrometheusCheck()
-    slack: str | None = None  # item 11: the slack action --notify-test posts through (default: the only one)
+    # Item 11: the slack action --notify-test posts through and deletes from (default: the only one).
+    slack: str | None = None

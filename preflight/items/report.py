@@ -9,7 +9,6 @@ first one is due."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +21,6 @@ KEY = "report"
 TITLE = "weekly report scheduled and written"
 
 SLACK = 3600.0  # seconds after its scheduled time a report may still be in the making
-SINCE_KEY = "reports_scheduled_since"  # report/weekly.py's meta key: when the schedule was first seen
 
 
 @dataclass(frozen=True)
@@ -38,19 +36,14 @@ def _when(moment: float) -> str:
 
 def _read(path: Path) -> tuple[Written | None, float | None]:
     """The newest scheduled report and when the schedule was first seen (read only)."""
+    from specguard.report.weekly import newest, scheduled_since
+
     db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
     try:
-        row = db.execute(
-            "SELECT scheduled, made, paths FROM reports ORDER BY scheduled DESC LIMIT 1"
-        ).fetchone()
-        since = db.execute("SELECT value FROM meta WHERE key=?", (SINCE_KEY,)).fetchone()
+        found, since = newest(db), scheduled_since(db)
     finally:
         db.close()
-    written = None
-    if row is not None:
-        paths = json.loads(row[2]) if isinstance(row[2], str) else []
-        written = Written(float(row[0]), float(row[1]), tuple(str(p) for p in paths if isinstance(p, str)))
-    return written, float(since[0]) if since is not None else None
+    return (Written(found[0], found[1], tuple(found[2])) if found else None), since
 
 
 async def check(ctx: Context) -> Answer:
