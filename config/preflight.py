@@ -6,7 +6,9 @@ Paths are relative to the config file's directory.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specguard.common.paths import ConfigPath
 from specguard.rules.durations import Duration
@@ -40,6 +42,14 @@ class PrometheusCheck(_Strict):
     # The dashboard file Grafana provisions (deploy/grafana/specguard.json as shipped, copied where
     # Grafana reads it): checked against the signal catalog (none: that part is unknown).
     grafana_dashboard: ConfigPath | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        parts = urlsplit(value) if value is not None else None
+        if parts is not None and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:9090")
+        return value
 
 
 class PreflightConfig(_Strict):

@@ -233,3 +233,12 @@ async def test_a_dashboard_reading_metrics_vllm_renamed_or_dropped_fails(tmp_pat
     )
     assert "vLLM has no vllm:spec_decode_draft_acceptance_rate (not in the signal catalog)" in text
     assert "panel 'ours': the daemon exports no specguard_gone_total" in text
+
+
+def test_a_prometheus_url_that_is_not_http_is_a_config_error_naming_its_line(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path, "a", free_port(), ["http://127.0.0.1:8000/metrics"], RULES, {"url": "prom:9090"}
+    )
+    (problem,) = load(config).errors
+    assert problem.field == "preflight.prometheus.url" and problem.line is not None
+    assert "'prom:9090' is not an http(s) URL" in problem.message
