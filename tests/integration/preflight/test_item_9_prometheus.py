@@ -45,12 +45,13 @@ def write_config(
     rules: list[dict[str, Any]],
     preflight: dict[str, Any] | None = None,  # preflight.prometheus
     interval: str = "1s",
+    sources: dict[str, Any] | None = None,  # default: scrape ``targets``
 ) -> Path:
     (directory / f"{name}-rules.yaml").write_text(json.dumps({"rules": rules}))
     path = directory / f"{name}.yaml"
     config = {
         "server": {"port": port},
-        "sources": {"scrape": {"targets": targets, "timeout": "2s"}},
+        "sources": sources or {"scrape": {"targets": targets, "timeout": "2s"}},
         "state_dir": "state",
         "interval": interval,
         "rules": [f"{name}-rules.yaml"],
@@ -155,6 +156,22 @@ async def test_prometheus_item_against_a_real_prometheus_scraping_the_simulator_
             assert "group specguard-2s (2 alerts): not loaded" in said(answer)
             assert "group specguard-1s (from " in said(answer)
             assert "loaded, but a fresh export has no such group" in said(answer)
+
+            # With the Prometheus source, vLLM's servers are the targets of the jobs with vLLM's series.
+            through = write_config(
+                tmp_path,
+                "through",
+                ports["specguard"],
+                [],
+                RULES,
+                checked,
+                sources={"prometheus": {"url": url}},
+            )
+            answer = await check(through)
+            assert answer.status is Status.FAIL
+            assert "vLLM's servers: the targets of job(s) vllm" in said(answer)
+            assert f"vLLM (job vllm): up{{instance='{vllm}'}} = 1" in said(answer)
+            assert f"vLLM (job vllm): up{{instance='{down}'}} = 0 (down: " in said(answer)
 
             # specguard itself down.
             daemon.stop()
