@@ -20,7 +20,8 @@ KEY = "runbook"
 TITLE = "runbook reaches on-call"
 
 ANNOTATION = "runbook_url"
-STATIC = ("rule", "signal", "severity")  # the template fields a link may use and still be followed now
+# The template fields a link may use and still be followed now: the rule's own, the same at every firing.
+STATIC = ("rule", "signal", "severity", "condition", "for", "consecutive")
 TEXT = "specguard preflight on {host}: a test that this channel reaches on-call (deleted at once)."
 
 
@@ -39,13 +40,14 @@ def acting(ctx: Context) -> list[LoadedRule]:
 
 def _link(rule: LoadedRule) -> str | None:
     """The rule's runbook link as it will be sent, or None when it depends on a firing."""
+    from specguard.rules.messages import fields
     from specguard.rules.templates import fields_of, render, root_of
 
     template = rule.rule.annotations[ANNOTATION]
     if any(root_of(f) not in STATIC for f in fields_of(template)):
         return None
-    return render(template, labels={}, value=None, rule=rule.name, signal=rule.rule.signal or "",
-                  severity=str(rule.rule.severity))  # fmt: skip
+    known = {k: v for k, v in fields(rule.rule, "firing", "pending", None, {}).items() if k in STATIC}
+    return render(template, labels={}, value=None, **known)
 
 
 async def _links(rules: list[LoadedRule]) -> tuple[list[str], Status]:

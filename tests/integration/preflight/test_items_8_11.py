@@ -229,7 +229,7 @@ async def test_runbook_passes_when_every_acting_rules_link_resolves(
         "# Runbook\n\n## Acceptance low {#low}\n\n## KV cache: full\n"
     )
     rules = [
-        a_rule("acceptance_low", f"{wiki}/runbook#{{rule}}"),
+        a_rule("acceptance_low", f"{wiki}/runbook?severity={{severity}}#{{rule}}"),
         a_rule("acceptance_moved", f"{wiki}/moved"),
         a_rule("acceptance_get", f"{wiki}/get-only"),
         a_rule("acceptance_file", "docs/runbook.md#low"),
@@ -240,7 +240,7 @@ async def test_runbook_passes_when_every_acting_rules_link_resolves(
     assert answer.status is Status.PASS, said(answer)
     text = said(answer)
     assert "5 rule(s) act beyond logging" in text
-    assert f"acceptance_low: {wiki}/runbook#acceptance_low: HTTP 200" in text
+    assert f"acceptance_low: {wiki}/runbook?severity=warning#acceptance_low: HTTP 200" in text
     assert f"acceptance_moved: {wiki}/moved: HTTP 302" in text
     assert f"acceptance_get: {wiki}/get-only: HTTP 200" in text
     assert "has #low" in text and "has #kv-cache-full" in text
