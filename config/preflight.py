@@ -6,7 +6,9 @@ Paths are relative to the config file's directory.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specguard.common.paths import ConfigPath
 from specguard.rules.durations import Duration
@@ -33,9 +35,21 @@ class DrillConfig(_Strict):
 class PrometheusCheck(_Strict):
     """Item 9: Prometheus scrapes vLLM and specguard, has the exported rules, and the dashboard."""
 
-    url: str | None = None  # default: sources.prometheus.url
-    rules_file: ConfigPath | None = None  # the exported rules file as Prometheus loads it
-    grafana_dashboard: ConfigPath | None = None  # the dashboard file Grafana provisions
+    url: str | None = None  # default: sources.prometheus.url (none: that part is unknown)
+    # The exported rules file as Prometheus loads it: compared with a fresh export (none: only the
+    # rules API is asked).
+    rules_file: ConfigPath | None = None
+    # The dashboard file Grafana provisions (deploy/grafana/specguard.json as shipped, copied where
+    # Grafana reads it): checked against the signal catalog (none: that part is unknown).
+    grafana_dashboard: ConfigPath | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        parts = urlsplit(value) if value is not None else None
+        if parts is not None and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:9090")
+        return value
 
 
 class PreflightConfig(_Strict):
@@ -48,4 +62,5 @@ class PreflightConfig(_Strict):
     baseline_max_age: Duration = Field(30 * DAY, gt=0)  # item 1
     drill: DrillConfig = DrillConfig()
     prometheus: PrometheusCheck = PrometheusCheck()
-    slack: str | None = None  # item 11: the slack action --notify-test posts through (default: the only one)
+    # Item 11: the slack action --notify-test posts through and deletes from (default: the only one).
+    slack: str | None = None

@@ -122,6 +122,21 @@ def _since(db: sqlite3.Connection, now: float) -> float:
     return float(row[0])
 
 
+def newest(db: sqlite3.Connection) -> tuple[float, float, list[str]] | None:
+    """The latest scheduled report made: (scheduled, made, its files), or None (``preflight``)."""
+    row = db.execute("SELECT scheduled, made, paths FROM reports ORDER BY scheduled DESC LIMIT 1").fetchone()
+    if row is None:
+        return None
+    paths = json.loads(row[2]) if isinstance(row[2], str) else []
+    return float(row[0]), float(row[1]), [str(p) for p in paths if isinstance(p, str)]
+
+
+def scheduled_since(db: sqlite3.Connection) -> float | None:
+    """When this store first saw a report schedule, without recording it; None: never."""
+    row = db.execute("SELECT value FROM meta WHERE key=?", (SINCE_KEY,)).fetchone()
+    return None if row is None else float(row[0])
+
+
 def _made(db: sqlite3.Connection, scheduled: float) -> bool:
     return db.execute("SELECT 1 FROM reports WHERE scheduled=?", (scheduled,)).fetchone() is not None
 

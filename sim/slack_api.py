@@ -1,5 +1,6 @@
 """A Slack Web API on loopback, for the tests and the demo: the methods specguard's ``slack`` action calls
-(``chat.postMessage``, ``chat.update``, ``conversations.history``, ``conversations.replies``, and the
+(``chat.postMessage``, ``chat.update``, ``chat.delete`` (a message the token posted; another's is
+``cant_delete_message``, as a bot's token gets), ``conversations.history``, ``conversations.replies``, and the
 file upload of ``files_upload_v2``: ``files.getUploadURLExternal``, a POST of the bytes to the upload
 URL it hands out, ``files.completeUploadExternal``) and an incoming webhook, as Slack answers them
 (``{"ok": ...}`` bodies, bearer tokens, message metadata, threads, files shared into a thread), with
@@ -61,6 +62,7 @@ class SlackApi:
     calls: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list)  # (method, when, body)
     faults: list[Fault] = field(default_factory=list)  # applied to the next calls, one each
     webhook_posts: list[dict[str, Any]] = field(default_factory=list)
+    deleted: list[dict[str, Any]] = field(default_factory=list)  # by chat.delete, in order
     uploads: dict[str, Upload] = field(default_factory=dict)  # by file id, as announced
     # called with ("post" | "update", the message as stored) once a message is stored or edited
     listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
@@ -310,6 +312,14 @@ def _answer(api: SlackApi, name: str, body: dict[str, Any], origin: str) -> dict
                 stored["blocks"] = json.loads(blocks) if isinstance(blocks, str) else blocks
                 stored["edits"] += 1
                 api.tell("update", stored)
+                return {"ok": True, "channel": stored["channel"], "ts": stored["ts"]}
+        return {"ok": False, "error": "message_not_found"}
+    if name == "chat.delete":  # the token's own messages only (a test may stage one with another "by")
+        for index, stored in enumerate(api.messages):
+            if stored.get("ts") == body.get("ts") and stored.get("channel") == body.get("channel"):
+                if stored.get("via") != "api" or stored.get("by", TOKEN) != TOKEN:
+                    return {"ok": False, "error": "cant_delete_message"}
+                api.deleted.append(api.messages.pop(index))
                 return {"ok": True, "channel": stored["channel"], "ts": stored["ts"]}
         return {"ok": False, "error": "message_not_found"}
     if name in ("conversations.history", "conversations.replies"):

@@ -23,8 +23,9 @@ READY_TIMEOUT = 20.0
 SCRAPE_EVERY = "1s"
 
 
-def prometheus_config(jobs: Mapping[str, Sequence[str]]) -> str:
-    """prometheus.yml scraping each job's targets (host:port) every second. JSON is YAML."""
+def prometheus_config(jobs: Mapping[str, Sequence[str]], rule_files: Sequence[Path] = ()) -> str:
+    """prometheus.yml scraping each job's targets (host:port) every second, loading ``rule_files``.
+    JSON is YAML."""
     return json.dumps(
         {
             "global": {"scrape_interval": SCRAPE_EVERY, "scrape_timeout": SCRAPE_EVERY},
@@ -32,6 +33,7 @@ def prometheus_config(jobs: Mapping[str, Sequence[str]]) -> str:
                 {"job_name": job, "static_configs": [{"targets": list(targets)}]}
                 for job, targets in jobs.items()
             ],
+            **({"rule_files": [str(p) for p in rule_files]} if rule_files else {}),
         },
         indent=2,
     )
@@ -45,13 +47,14 @@ class PrometheusServer:
 
 @asynccontextmanager
 async def running_prometheus(
-    target: str | Mapping[str, Sequence[str]], directory: Path, port: int
+    target: str | Mapping[str, Sequence[str]], directory: Path, port: int, rule_files: Sequence[Path] = ()
 ) -> AsyncIterator[PrometheusServer]:
     """A real Prometheus on 127.0.0.1:``port`` scraping every second ``target`` (host:port, as job
-    ``vllm``), or each job's targets (``{"vllm": [...], "specguard": [...]}``)."""
+    ``vllm``), or each job's targets (``{"vllm": [...], "specguard": [...]}``), with ``rule_files``."""
     binary = require_binary("prometheus", "prometheus")
     config = directory / "prometheus.yml"
-    config.write_text(prometheus_config({"vllm": [target]} if isinstance(target, str) else target))
+    jobs = {"vllm": [target]} if isinstance(target, str) else target
+    config.write_text(prometheus_config(jobs, rule_files))
     server = PrometheusServer(f"http://127.0.0.1:{port}", directory / "prometheus.log")
     with server.log.open("wb") as log:
         process = subprocess.Popen(

@@ -44,6 +44,7 @@ from specguard.actions.base import Action, ActionContext, ActionMemory, ActionPa
 from specguard.actions.sizes import ResponseSize
 from specguard.actions.slack import message
 from specguard.actions.slack import outbox as box
+from specguard.actions.slack.probe import Probe, post_and_delete
 from specguard.actions.slack.sending import EVENT_TYPE, find, posted, upload
 from specguard.actions.slack.web import Failed, Retry, Skipped, Slack
 from specguard.common.http import MAX_RESPONSE_SIZE
@@ -350,6 +351,10 @@ class SlackAction(Action):
     def _backoff(self, attempts: int) -> float:
         doublings = min(max(0, attempts - 1), 60)  # 2**60 backoffs is past any max_backoff
         return float(min(self.slack.max_backoff, self.slack.backoff * 2**doublings))
+
+    async def post_test(self, text: str) -> Probe:
+        """Post ``text`` and delete it (``actions.slack.probe``): whether this action reaches its channel."""
+        return await post_and_delete(self._client(), self.slack.channel, self._webhook, text)
 
     def _client(self) -> Slack:
         return Slack(

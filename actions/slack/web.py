@@ -34,8 +34,8 @@ PERMANENT = frozenset(
         # the message
         "msg_too_long", "no_text", "invalid_blocks", "invalid_blocks_format", "too_many_attachments",
         "invalid_metadata_format", "invalid_metadata_schema", "metadata_too_large",
-        "message_not_found", "cant_update_message", "edit_window_closed", "invalid_thread_ts",
-        "thread_not_found", "cannot_reply_to_message",
+        "message_not_found", "cant_update_message", "cant_delete_message", "edit_window_closed",
+        "invalid_thread_ts", "thread_not_found", "cannot_reply_to_message",
         # the request
         "invalid_arguments", "invalid_arg_name", "invalid_array_arg", "invalid_charset",
         "invalid_form_data", "invalid_post_type", "missing_post_type", "method_deprecated",
