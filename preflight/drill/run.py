@@ -18,13 +18,13 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from specguard.actions.base import Outcome
-from specguard.actions.feature_flag import RESTORED, FeatureFlagAction, record_of
+from specguard.actions.feature_flag import ENGAGED, RESTORED, FeatureFlagAction, record_of
 from specguard.config.loading import Loaded
 from specguard.preflight.drill import claim, traffic
 from specguard.rules.durations import format_duration
@@ -111,10 +111,12 @@ class Drill:
     async def _holders(self) -> list[str]:
         return await claim.holders(self.store, self.action, self.loaded.rules, time.time())
 
-    async def _timed(self, what: str, step: Coroutine[Any, Any, Outcome]) -> Outcome:
+    async def _timed(self, what: str, step: Callable[[], Coroutine[Any, Any, Outcome]]) -> Outcome:
+        """A change of the flag, within the action's timeout, holding its lock (as the daemon's
+        controller does: one change of a flag at a time in a process)."""
         try:
-            async with asyncio.timeout(self.action.flag.timeout):
-                return await step
+            async with self.action.lock, asyncio.timeout(self.action.flag.timeout):
+                return await step()
         except TimeoutError:
             return Outcome(False, f"{what} timed out after {format_duration(self.action.flag.timeout)}")
 
@@ -137,7 +139,7 @@ class Drill:
                 f"{which} was cut short; the daemon holds the flag now ({held[0]}): left to it"
             )
             return
-        done = await self._timed("the restore", self.action.restore_flag(self.memory, canary=False))
+        done = await self._timed("the restore", lambda: self.action.restore_flag(self.memory, canary=False))
         if not done.ok:
             raise Failed(
                 f"{which} was cut short and left the flag {left.state}; restoring it failed: {done.detail}"
@@ -152,7 +154,12 @@ class Drill:
             raise Refused("the flag is held: " + "; ".join(held))
         world = await self.action.read_world()
         if world is not None and world != RESTORED:
-            raise Refused(f"the flag reads {world} (engaged by hand?): not the drill's to change")
+            why = (
+                "engaged by hand?"
+                if world == ENGAGED
+                else "the router and its flag file disagree: set by hand?"
+            )
+            raise Refused(f"the flag reads {world} ({why}): not the drill's to change")
         self.evidence.append(
             "the flag reads restored; nothing holds it"
             if world is not None
@@ -170,7 +177,7 @@ class Drill:
         if other is not None:
             raise Refused(f"drill #{other.drill} holds the flag ({other.state}): one drill at a time")
         self.holds = True
-        done = await self._timed("the engage", self.action.engage(self.memory))
+        done = await self._timed("the engage", lambda: self.action.engage(self.memory))
         if not done.ok:
             raise Failed(f"engage failed: {done.detail}")
         self.evidence.append(done.detail)
@@ -185,7 +192,7 @@ class Drill:
                 raise Failed(f"the canary would keep the fallback: {probed.detail}")
             self.evidence.append(f"the canary would restore: {probed.detail}")
         await self._still_ours()
-        done = await self._timed("the restore", self.action.restore_flag(self.memory, canary=False))
+        done = await self._timed("the restore", lambda: self.action.restore_flag(self.memory, canary=False))
         if not done.ok:
             raise Failed(f"restore failed: {done.detail}")
         self.holds = False
@@ -217,7 +224,9 @@ class Drill:
             return None
         last = ""
         for _ in range(UNDO_TRIES):
-            done = await self._timed("the restore", self.action.restore_flag(self.memory, canary=False))
+            done = await self._timed(
+                "the restore", lambda: self.action.restore_flag(self.memory, canary=False)
+            )
             if done.ok:
                 self.holds = False
                 self.evidence.append(f"restored on the way out: {done.detail}")
@@ -256,7 +265,8 @@ async def run_drill(loaded: Loaded, action: FeatureFlagAction, path: Path) -> Re
     async with opened(path) as store:
         drill = await store.call(lambda db: drills.start(db, action.name, time.time()))
         work = Drill(loaded, action, store)
-        work.evidence.append(f"drill #{drill} of {action.name} ({type(action.backend).__name__})")
+        kind = next(n for n in ("nginx", "http", "file") if getattr(action.flag, n) is not None)
+        work.evidence.append(f"drill #{drill} of {action.name} (its {kind} backend)")
         outcome, detail = drills.PASSED, ""
         cancelled = False
         with terminate_cancels():

@@ -26,7 +26,14 @@ from specguard.config.routing import RoutingConfig
 from specguard.playbook.routing.classify import classify
 
 PROMPT = "specguard preflight: fallback drill"
-MAX_TOKENS = 8
+# The probes' bodies, the cheapest first: the routing classes may send short or unstreamed
+# requests to the standard pool anyway (the playbook's do), where they would show no move.
+SHAPES: tuple[dict[str, object], ...] = (
+    {"max_tokens": 8},
+    {"max_tokens": 64, "stream": False},
+    {"max_tokens": 64, "stream": True},
+    {"max_tokens": 256, "stream": True},
+)
 REQUEST_TIMEOUT = 30.0
 POLL = 1.0  # between two looks while waiting for traffic to move (each look sends the probes)
 _ROUTED = re.compile(r'^specguard_route_requests_total\{class="[^"]*",pool="([^"]*)"\} (\d+)$', re.M)
@@ -68,6 +75,7 @@ class Traffic:
         self.probes = probes
         self.model = model
         self.timeout = timeout
+        self.shape: dict[str, object] = dict(SHAPES[0])
         self.expected = ""  # the pool the probes' class goes to while the flag is not engaged
         self._served: float | None = None  # the standard servers' requests before the engage
         self._routed: Counter[str] = Counter()
@@ -78,9 +86,17 @@ class Traffic:
         return self.routing.fallback_pool
 
     def body(self) -> bytes:
-        return json.dumps(
-            {"model": self.model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
-        ).encode()
+        return json.dumps({"model": self.model, "prompt": PROMPT, "temperature": 0, **self.shape}).encode()
+
+    def _shape(self) -> None:
+        """The probes' shape: the first of ``SHAPES`` whose class goes to a pool other than the
+        fallback pool while the flag is off, so that the move shows in the pool that answers."""
+        assert self.routing is not None
+        for shape in SHAPES:
+            self.shape = shape
+            if classify(self.routing, "POST", "/v1/completions", self.body()).pool != self.fallback_pool:
+                return
+        self.shape = SHAPES[0]
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -170,6 +186,7 @@ class Traffic:
             if self.routing is not None:
                 if self.model is None:
                     self.model = await self._model(session)
+                self._shape()
                 decision = classify(self.routing, "POST", "/v1/completions", self.body())
                 self.expected = decision.pool
                 router = await self.router(session)

@@ -111,7 +111,7 @@ async def _last(ctx: Context, action: FeatureFlagAction, lacking: list[str]) -> 
         return Answer(
             Status.FAIL,
             (
-                f"drill #{left.drill} was cut short and its record says the flag is {left.state}: it may "
+                f"drill #{left.drill} did not restore the flag (its record says {left.state}): it may "
                 "still be engaged",
                 *lacking,
             ),
