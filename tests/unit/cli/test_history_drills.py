@@ -22,12 +22,12 @@ def config(tmp_path: Path) -> Path:
 
 
 def write_one(
-    db: sqlite3.Connection,
     started: float,
     finished: float | None,
     outcome: str,
     detail: str,
     evidence: list[str],
+    db: sqlite3.Connection,
 ) -> None:
     drill = drills.start(db, "fallback", started)
     if finished is not None:
