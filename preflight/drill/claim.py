@@ -111,7 +111,9 @@ async def claim(memory: DrillMemory, drill: int, now: float) -> Left | None:
             if full["state"] != RESTORED:
                 held.append(Left(value.get("drill"), value.get("started"), full["state"], alive(value)))
                 return value
-        return {**record_of(value), **me(), "drill": drill, "started": now}
+        fresh = {**record_of(value), **me(), "drill": drill, "started": now}
+        fresh.pop("released", None)
+        return fresh
 
     await memory.update(STATE_KEY, take)
     return held[0] if held else None

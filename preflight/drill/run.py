@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from specguard.actions.base import Outcome
 from specguard.actions.feature_flag import ENGAGED, RESTORED, FeatureFlagAction, record_of
+from specguard.common.secrets import read_if_given
 from specguard.config.loading import Loaded
 from specguard.preflight.drill import claim, traffic
 from specguard.rules.durations import format_duration
@@ -79,7 +80,11 @@ def terminate_cancels() -> Iterator[None]:
     """SIGTERM cancels the drill (as Ctrl-C does under asyncio.run), so it restores the flag."""
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    if task is None or threading.current_thread() is not threading.main_thread():
+    if (
+        task is None
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # the command handles it: its own
+    ):
         yield
         return
     try:
@@ -101,9 +106,18 @@ class Drill:
         self.memory = claim.DrillMemory(store, action.name)
         settings = loaded.config.preflight.drill
         urls, given = standard_metrics(loaded)
-        model = action.canary.params.model if action.canary is not None else None
+        canary = action.canary.params if action.canary is not None else None
+        token = (
+            read_if_given(canary.token, f"actions.{action.name}.canary.token") if canary is not None else None
+        )
         self.traffic = traffic.Traffic(
-            loaded.config.routing, urls, settings.probe_requests, model, settings.timeout, given
+            loaded.config.routing,
+            urls,
+            settings.probe_requests,
+            canary.model if canary is not None else None,
+            settings.timeout,
+            given,
+            token,
         )
         self.evidence: list[str] = []
         self.holds = False  # the drill may have the flag engaged: restore it on the way out
@@ -212,6 +226,12 @@ class Drill:
     async def undo(self) -> str | None:
         """On the way out: restore what the drill engaged (not the canary's to decide), unless the
         daemon took the flag over. Carried to its end when cancelled again. What went wrong, or None."""
+        try:
+            return await self._undo()
+        except Exception as exc:  # the store or the backend failing: said, never a traceback
+            return f"THE FLAG MAY STILL BE ENGAGED: the restore failed: {type(exc).__name__}: {exc}"
+
+    async def _undo(self) -> str | None:
         if not self.holds:
             return None
         record = record_of(await self.memory.read("flag"))

@@ -66,7 +66,9 @@ class Traffic:
         model: str | None,
         timeout: float,
         standard_required: bool = True,
+        token: str | None = None,  # vLLM's --api-key (the canary's), sent with the probes
     ) -> None:
+        self.token = token
         self.routing = routing
         self.standard = standard  # the standard servers' /metrics URLs
         # False: the routing section's fallback pool, read when it answers (the router's answers
@@ -169,7 +171,8 @@ class Traffic:
         return ", ".join(f"{n}x {what}" for what, n in shown.most_common())
 
     def _session(self) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT), headers=headers)
 
     # --- the three looks --------------------------------------------------------------------
 

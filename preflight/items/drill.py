@@ -47,9 +47,10 @@ def _command(ctx: Context) -> str:
     return f"specguard preflight --drill --only drill{config}"
 
 
-def built(loaded: Loaded, action: FeatureFlagAction) -> list[str]:
-    """What the fallback lacks to be built: a rule that engages it, a canary that checks a restore."""
-    lacking = []
+def built(loaded: Loaded, action: FeatureFlagAction) -> tuple[list[str], str | None]:
+    """What the fallback lacks to be built (a rule that engages it, a canary that checks a
+    restore), and the change that builds it."""
+    lacking, fixes = [], []
     rules = [
         r.name for r in loaded.rules if r.rule.enabled and not r.rule.shadow and action.name in r.rule.actions
     ]
@@ -57,12 +58,16 @@ def built(loaded: Loaded, action: FeatureFlagAction) -> list[str]:
         lacking.append(
             f"no enabled rule names {action.name} in its actions: nothing would engage the fallback"
         )
+        fixes.append(
+            f"add {action.name} to the actions of the rule that should fall back (see docs/actions.md)"
+        )
     if action.canary is None:
         lacking.append(
             f"actions.{action.name} has no canary: a restore would send traffic back to a speculative "
             "server nobody checked"
         )
-    return lacking
+        fixes.append(f"give actions.{action.name} a canary (see docs/actions.md)")
+    return lacking, "; ".join(fixes) or None
 
 
 def timeout(ctx: Context) -> float:
@@ -76,24 +81,27 @@ def timeout(ctx: Context) -> float:
 async def check(ctx: Context) -> Answer:
     action = pick(ctx.loaded)
     if isinstance(action, str):
-        return Answer(Status.FAIL, (action,), "configure a feature_flag action (see docs/actions.md)")
-    lacking = built(ctx.loaded, action)
-    fix_built = "; ".join(lacking)
+        fix = (
+            "name the feature_flag action to drill in preflight.drill.action"
+            if "preflight.drill.action" in action
+            else "configure a feature_flag action and name it in a rule's actions (see docs/actions.md)"
+        )
+        return Answer(Status.FAIL, (action,), fix)
+    lacking, fix_built = built(ctx.loaded, action)
     if ctx.drill:
-        result = await run_drill(ctx.loaded, action, ctx.loaded.config.store_file())
+        try:
+            result = await run_drill(ctx.loaded, action, ctx.loaded.config.store_file())
+        except StoreError as exc:  # the drill cannot be recorded: none is made (or it is restored)
+            return Answer(Status.FAIL, (f"the drill cannot be recorded: {exc}", *lacking), str(exc))
         evidence = (f"{result.outcome}: {result.detail}", *result.evidence, *lacking)
         if result.outcome == drills.PASSED and not lacking:
             return Answer(Status.PASS, evidence)
-        fix = (
-            fix_built
-            if result.outcome == drills.PASSED
-            else f"see the drill's evidence, then {_command(ctx)}"
-        )
-        return Answer(Status.FAIL, evidence, fix)
-    return await _last(ctx, action, lacking)
+        then = f"see the drill's evidence, then {_command(ctx)}"
+        return Answer(Status.FAIL, evidence, fix_built if result.outcome == drills.PASSED else then)
+    return await _last(ctx, action, lacking, fix_built)
 
 
-async def _last(ctx: Context, action: FeatureFlagAction, lacking: list[str]) -> Answer:
+async def _last(ctx: Context, action: FeatureFlagAction, lacking: list[str], fix_built: str | None) -> Answer:
     """Without --drill: the newest drill that says whether the fallback works, and its age."""
     command = _command(ctx)
     path: Path | None = ctx.store_file
@@ -134,5 +142,5 @@ async def _last(ctx: Context, action: FeatureFlagAction, lacking: list[str]) -> 
             command,
         )
     if lacking:
-        return Answer(Status.FAIL, (said, *lacking), "; ".join(lacking))
+        return Answer(Status.FAIL, (said, *lacking), fix_built)
     return Answer(Status.PASS, (said,))
