@@ -256,12 +256,24 @@ class Drill:
 
 
 T = TypeVar("T")
+STUBBORN = 5  # the way out started again after this many cancellations of its own, at most
 
 
-async def _carried(coroutine: Coroutine[Any, Any, T]) -> tuple[T, bool]:
-    """Await ``coroutine`` in a task of its own to its end, however often this is cancelled;
+async def _stubborn(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``make()`` awaited, and made again when cancelled (a second Ctrl-C, asyncio.run cancelling
+    every task as it closes), up to ``STUBBORN`` times: what it does must be safe to repeat."""
+    for _ in range(STUBBORN):
+        try:
+            return await make()
+        except asyncio.CancelledError:
+            continue
+    return await make()
+
+
+async def _carried(make: Callable[[], Coroutine[Any, Any, T]]) -> tuple[T, bool]:
+    """``make()`` carried to its end in a task of its own, however often this is cancelled;
     (its result, whether a cancellation came meanwhile)."""
-    task = asyncio.ensure_future(coroutine)
+    task = asyncio.ensure_future(_stubborn(make))
     cancelled = False
     while True:
         try:
@@ -306,7 +318,7 @@ async def run_drill(loaded: Loaded, action: FeatureFlagAction, path: Path) -> Re
             except Exception as exc:  # a bug must not leave the flag engaged: restored, recorded
                 outcome, detail = drills.FAILED, f"{type(exc).__name__}: {exc}"
             finally:
-                wrong, again = await _carried(work.undo())
+                wrong, again = await _carried(work.undo)
                 cancelled = cancelled or again
                 if wrong is not None:
                     outcome, detail = (
@@ -315,7 +327,7 @@ async def run_drill(loaded: Loaded, action: FeatureFlagAction, path: Path) -> Re
                     )
                 result = Result(drill, outcome, detail, work.evidence)
                 await _carried(
-                    store.call(
+                    lambda: store.call(
                         lambda db: drills.finish(db, drill, time.time(), outcome, detail, work.evidence)
                     )
                 )
