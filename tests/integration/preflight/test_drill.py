@@ -328,6 +328,9 @@ async def test_a_drill_is_refused_while_a_rule_holds_the_flag(tmp_path: Path) ->
         world.write()
         async with daemon(world, 0.2):
             await until("the daemon's engage", lambda: flag_memory(world.db).get("state") == "engaged")
+            await until(
+                "its run recorded", lambda: [r["status"] for r in runs(world.db, "fallback")] == ["ok"]
+            )
             ran = runs(world.db, "fallback")
             answer = await world.check()
             assert answer.status is Status.FAIL
