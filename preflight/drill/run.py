@@ -135,8 +135,8 @@ class Drill:
             return Outcome(False, f"{what} timed out after {format_duration(self.action.flag.timeout)}")
 
     async def _recover(self) -> None:
-        """A drill killed before it restored left its record: restore the flag first (or leave it to
-        the daemon when the daemon holds it now)."""
+        """A drill that did not restore the flag (killed, or its restore failed) left its record:
+        restore the flag first (or leave it to the daemon when the daemon holds it now)."""
         left = await claim.left_by_drill(self.memory)
         if left is None:
             return
@@ -150,16 +150,16 @@ class Drill:
         if held:
             await claim.release(self.memory, f"taken over by the daemon: {held[0]}")
             self.evidence.append(
-                f"{which} was cut short; the daemon holds the flag now ({held[0]}): left to it"
+                f"{which} did not restore the flag; the daemon holds it now ({held[0]}): left to it"
             )
             return
         done = await self._timed("the restore", lambda: self.action.restore_flag(self.memory, canary=False))
         if not done.ok:
             raise Failed(
-                f"{which} was cut short and left the flag {left.state}; restoring it failed: {done.detail}"
+                f"{which} left the flag {left.state} (cut short, or its restore failed); restoring it failed: {done.detail}"
             )
         self.evidence.append(
-            f"{which} was cut short and left the flag {left.state}: restored first ({done.detail})"
+            f"{which} left the flag {left.state} (cut short, or its restore failed): restored first ({done.detail})"
         )
 
     async def _precheck(self) -> None:
