@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specguard.actions.feature_flag import RESTORED, STATE_KEY, FeatureFlagAction, record_of
+from specguard.actions.feature_flag import RESTORED, STATE_KEY, UNKNOWN, FeatureFlagAction, record_of
 from specguard.config.loading import LoadedRule
 from specguard.dispatch import fallback
 from specguard.rules.durations import format_duration
@@ -113,6 +113,9 @@ async def claim(memory: DrillMemory, drill: int, now: float) -> Left | None:
                 return value
         fresh = {**record_of(value), **me(), "drill": drill, "started": now}
         fresh.pop("released", None)
+        # taken: not restored from here on, so that a second drill claiming at the same moment
+        # finds it held (the engage that follows journals and confirms it)
+        fresh.update(state=UNKNOWN, engaged=False)
         return fresh
 
     await memory.update(STATE_KEY, take)

@@ -142,6 +142,18 @@ async def test_a_fallback_without_a_canary_or_a_rule_is_not_built(tmp_path: Path
         assert await restored(world)
 
 
+async def test_two_drills_at_once_one_runs_the_other_is_refused(tmp_path: Path) -> None:
+    async with stack(tmp_path) as (world, _, _):
+        world.write()
+        answers = await asyncio.gather(world.check(), world.check())
+        assert sorted(a.status for a in answers) == [Status.FAIL, Status.PASS], answers
+        rows = world.drills()
+        assert sorted(row["outcome"] for row in rows) == ["passed", "refused"]
+        (refused,) = [row for row in rows if row["outcome"] == "refused"]
+        assert "one drill at a time" in refused["detail"], refused["detail"]
+        assert await restored(world)
+
+
 # --- broken on purpose: each drill fails, the flag ends restored, the drill is recorded ------------
 
 
