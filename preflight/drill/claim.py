@@ -139,7 +139,7 @@ async def holders(
     record = record_of(await store.memory_read(action.name, STATE_KEY))
     if record["state"] != RESTORED:
         since = record.get("since")
-        lasting = f" since {format_duration(round(max(0.0, now - float(since))))}" if since else ""
+        lasting = f" for {format_duration(round(max(0.0, now - float(since))))}" if since else ""
         said.append(
             f"specguard's fallback controller has the flag {record['state']}{lasting}"
             + (

@@ -351,7 +351,7 @@ async def test_a_drill_is_refused_while_a_rule_holds_the_flag(tmp_path: Path) ->
             result, detail = outcome(world)
             assert result == "refused"
             assert detail.startswith(
-                "the flag is held: specguard's fallback controller has the flag engaged since"
+                "the flag is held: specguard's fallback controller has the flag engaged for "
             )
             assert 'a rule that names fallback fires: acceptance_low{instance="vllm-a:8000"}' in detail
             assert await world.engaged() and flag_memory(world.db)["state"] == "engaged"  # left as it was
