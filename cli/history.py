@@ -1,5 +1,6 @@
 """``specguard history``: the rules' state changes from the state database, newest first, with
-their trigger, what they said and their action runs."""
+their trigger, what they said and their action runs; ``--drills``: the fallback drills
+(``specguard preflight --drill``), each with its outcome and evidence."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def add_parser(sub: Any) -> None:
     history.add_argument("--since", metavar="DURATION", help="only changes this recent, e.g. 24h")
     history.add_argument("--limit", type=int, default=50, metavar="N", help="how many changes (default 50)")
     history.add_argument("--format", choices=["table", "json"], default="table", help="default table")
+    history.add_argument(
+        "--drills",
+        action="store_true",
+        help="the fallback drills (specguard preflight --drill) instead: when, the action, the outcome, "
+        "how long the drill took, and under each what it saw",
+    )
 
 
 def _run_cell(run: dict[str, Any]) -> str:
@@ -65,10 +72,18 @@ def cmd_history(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"specguard history: --since: {exc}", file=sys.stderr)
             return 2
+    if args.drills and args.rule is not None:
+        print(
+            "specguard history: --rule and --drills do not go together (a drill is no rule's)",
+            file=sys.stderr,
+        )
+        return 2
     loaded: list[Any] = []
     path = state_database(args, "history", loaded)
     if path is None:
         return 1
+    if args.drills:
+        return _drills(path, max(1, args.limit), since, args.format)
 
     async def read() -> list[dict[str, Any]] | str:
         async with opened(path) as store:
@@ -104,5 +119,35 @@ def cmd_history(args: argparse.Namespace) -> int:
             f"{time.strftime('%H:%M:%S', time.gmtime(note['at']))} {note['action']}: {note['text']}"
             for note in event["notes"]
         ]
+    print_columns(table, below)
+    return 0
+
+
+def _drills(path: Path, limit: int, since: float | None, form: str) -> int:
+    from specguard.store import drills
+    from specguard.store.database import StoreError, opened
+
+    async def read() -> list[drills.Drill]:
+        async with opened(path) as store:
+            return await store.call(lambda db: drills.latest(db, limit, since), synced=False)
+
+    try:
+        found = asyncio.run(read())
+    except StoreError as exc:
+        print(f"specguard history: {exc}", file=sys.stderr)
+        return 1
+    if form == "json":
+        print(json.dumps([drill.as_json() for drill in found], indent=2))
+        return 0
+    if not found:
+        print("no drill on record: run specguard preflight --drill")
+        return 0
+    table = [("STARTED (UTC)", "DRILL", "ACTION", "OUTCOME", "TOOK", "DETAIL")]
+    below: dict[int, list[str]] = {}
+    for drill in found:
+        took = "-" if drill.finished is None else f"{drill.finished - drill.started:.1f}s"
+        moment = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(drill.started))
+        table.append((moment, f"#{drill.id}", drill.action, drill.outcome, took, drill.detail or "-"))
+        below[len(table) - 1] = list(drill.evidence)
     print_columns(table, below)
     return 0

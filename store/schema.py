@@ -107,11 +107,14 @@ CREATE TABLE IF NOT EXISTS tune_results (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, url TEXT NOT NULL, model TEXT NOT NULL,
     k_running INTEGER, recommended INTEGER NOT NULL, margin REAL, result TEXT NOT NULL
 );
--- Fallback drills (`specguard preflight --drill`): engaged, traffic seen moving, restored.
+-- Fallback drills (`specguard preflight --drill`): engaged, traffic seen moving, restored. A row is
+-- written as `running` before the flag is touched and finished with its outcome (passed, failed,
+-- refused, handed_over, interrupted), the one-line reason and the evidence (a JSON list of lines).
 CREATE TABLE IF NOT EXISTS drills (
     id INTEGER PRIMARY KEY AUTOINCREMENT, started REAL NOT NULL, finished REAL, action TEXT NOT NULL,
-    outcome TEXT NOT NULL, detail TEXT NOT NULL
+    outcome TEXT NOT NULL, detail TEXT NOT NULL, evidence TEXT NOT NULL DEFAULT '[]'
 );
+CREATE INDEX IF NOT EXISTS drills_started ON drills (started);
 """
 
 
