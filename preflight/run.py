@@ -46,11 +46,11 @@ async def check_one(module: ModuleType, ctx: Context) -> ItemResult:
 
 
 async def run(
-    ctx: Context, only: Sequence[str] = (), items: Sequence[ModuleType] = ITEMS
+    ctx: Context, only: Sequence[str] = (), items: Sequence[ModuleType] | None = None
 ) -> list[ItemResult]:
     """Every item (or those of ``only``, in the checklist's order), one after the other: the drill
     changes what the others read, and two items never load the host at once."""
-    chosen = [module for module in items if not only or module.KEY in only]
+    chosen = [module for module in (ITEMS if items is None else items) if not only or module.KEY in only]
     return [await check_one(module, ctx) for module in chosen]
 
 

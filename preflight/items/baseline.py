@@ -18,7 +18,7 @@ TITLE = "baseline measured and fresh"
 
 def fix_command(ctx: Context, url: str | None = None) -> str:
     path = ctx.loaded.config.baseline or "baseline.json"
-    return f"specguard bench --url {url or 'http://VLLM:8000'} --against http://PLAIN:8000 --write-baseline {path}"
+    return f"specguard bench --url {url or 'VLLM_URL'} --against PLAIN_URL --write-baseline {path}"
 
 
 async def check(ctx: Context) -> Answer:
@@ -26,7 +26,7 @@ async def check(ctx: Context) -> Answer:
     baseline = ctx.loaded.baseline
     if config.baseline is None:
         return Answer(Status.FAIL, ("the config names no baseline file (`baseline:`)",),
-                      f"{fix_command(ctx)}, then set `baseline: baseline.json` in the config")  # fmt: skip
+                      f"{fix_command(ctx)}   # then set `baseline: baseline.json` in the config")  # fmt: skip
     if baseline is None:  # the config's loading said why; a preflight with a config error stops earlier
         return Answer(Status.FAIL, (f"baseline {config.baseline}: cannot be read",), fix_command(ctx))
     running = await servers(ctx)

@@ -37,7 +37,7 @@ async def check(ctx: Context) -> Answer:
         held = sum(span.minutes for span in spans)
         over = usage >= settings.max_kv_cache_usage
         evidence.append(
-            f"{instance} {model}: KV-cache usage at peak {usage:.1%} ({_at(when)}), "
+            f"{instance} {model}: KV-cache usage at peak {usage:.1%} ({when}), "
             f"{'NOT under' if over else 'under'} {settings.max_kv_cache_usage:.0%} ({coverage(window, held)})"
         )
         preempted = sum(span.parts.get("preemptions", 0.0) for span in spans)
@@ -63,10 +63,13 @@ async def check(ctx: Context) -> Answer:
     return Answer(Status.PASS, tuple(evidence))
 
 
-def _peak(spans: list[Span]) -> tuple[float, float] | None:
-    """The highest KV-cache usage and the start of the span it was in."""
-    found = [(span.parts["max:kv"], float(span.start)) for span in spans if "max:kv" in span.parts]
-    return max(found) if found else None
+def _peak(spans: list[Span]) -> tuple[float, str] | None:
+    """The highest KV-cache usage, and when: its minute, or the hour whose row holds it."""
+    found = [(span.parts["max:kv"], -span.start, span) for span in spans if "max:kv" in span.parts]
+    if not found:
+        return None
+    usage, _, span = max(found)  # the earliest span of the highest
+    return usage, (f"in the hour from {_at(span.start)}" if span.minutes > 1 else f"at {_at(span.start)}")
 
 
 async def _bursts(ctx: Context, window: Window, key: tuple[str, str], spans: list[Span],

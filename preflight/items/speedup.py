@@ -20,7 +20,7 @@ TITLE = "speculation pays"
 
 def measure_command(ctx: Context, url: str) -> str:
     path = ctx.loaded.config.baseline or "baseline.json"
-    return f"specguard bench --url {url} --against http://PLAIN:8000 --write-baseline {path}"
+    return f"specguard bench --url {url} --against PLAIN_URL --write-baseline {path}"
 
 
 async def check(ctx: Context) -> Answer:
