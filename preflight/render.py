@@ -22,6 +22,7 @@ class Header:
     config: str  # the config file, or "<defaults>"
     version: str  # specguard's
     allow_unknown: bool
+    only: tuple[str, ...] = ()  # --only: the items checked, when not all of them
 
     @property
     def time(self) -> str:
@@ -42,13 +43,16 @@ def verdict(results: Sequence[ItemResult], passed: bool, allow_unknown: bool) ->
 
 
 def table(header: Header, results: Sequence[ItemResult], passed: bool) -> str:
-    lines = [f"specguard preflight on {header.host} at {header.time} ({header.config})", ""]
+    only = f", only {', '.join(header.only)}" if header.only else ""
+    lines = [f"specguard preflight on {header.host} at {header.time} ({header.config}{only})", ""]
     width = max((len(f"{r.number:>2}. {r.title}") for r in results), default=0)
     for r in results:
         name = f"{r.number:>2}. {r.title}"
         lines.append(f"{name:<{width}}  {MARKS[r.answer.status]}")
         for fact in r.answer.evidence:
-            lines += textwrap.wrap(fact, WIDTH, initial_indent="      ", subsequent_indent="        ")
+            lead = " " * (len(fact) - len(fact.lstrip(" ")))  # a fact about the one above it
+            lines += textwrap.wrap(fact.lstrip(" "), WIDTH, initial_indent=f"      {lead}",
+                                   subsequent_indent=f"      {lead}    ")  # fmt: skip
         if r.answer.fix:
             lines += textwrap.wrap(r.answer.fix, WIDTH, initial_indent="      fix: ", subsequent_indent="           ",
                                    break_on_hyphens=False, break_long_words=False)  # fmt: skip
@@ -63,6 +67,7 @@ def to_json(header: Header, results: Sequence[ItemResult], passed: bool) -> dict
         "config": header.config,
         "specguard_version": header.version,
         "allow_unknown": header.allow_unknown,
+        "only": list(header.only),
         "passed": passed,
         "counts": counts(results),
         "items": [
@@ -89,6 +94,7 @@ def markdown(header: Header, results: Sequence[ItemResult], passed: bool) -> str
         f"- **Time:** {header.time}",
         f"- **Config:** `{header.config}`",
         f"- **specguard:** {header.version}",
+        *([f"- **Checked:** only {', '.join(header.only)} (--only)"] if header.only else []),
         "",
         "| # | item | status |",
         "|---|---|---|",
@@ -96,7 +102,12 @@ def markdown(header: Header, results: Sequence[ItemResult], passed: bool) -> str
     lines += [f"| {r.number} | {_cell(r.title)} | **{r.answer.status.value}** |" for r in results]
     for r in results:
         lines += ["", f"## {r.number}. {r.title}: {r.answer.status.value}", ""]
-        lines += [f"- {_inline(fact)}" for fact in r.answer.evidence] or ["- (no evidence)"]
+        lines += [
+            ("  - " if fact.startswith(" ") else "- ") + _inline(fact.lstrip(" "))
+            for fact in r.answer.evidence
+        ]
+        if not r.answer.evidence:
+            lines.append("- (no evidence)")
         if r.answer.fix:
             lines += ["", "Fix:", "", "```", r.answer.fix, "```"]
     return "\n".join(lines) + "\n"

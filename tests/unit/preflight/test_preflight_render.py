@@ -11,7 +11,8 @@ from specguard.preflight.item import Answer, ItemResult, Status
 HEADER = render.Header("gpu-7", 1_796_500_000.0, "/etc/specguard/specguard.yaml", "0.1.0", False)
 RESULTS = [
     ItemResult(1, "baseline", "baseline measured and fresh",
-               Answer(Status.PASS, ("http://10.0.0.7:8000: model llama, vLLM 0.32.0, k=3",))),
+               Answer(Status.PASS, ("http://10.0.0.7:8000: model llama, vLLM 0.32.0, k=3",
+                                    "  the baseline entry for model llama: measured 2026-12-01 10:00 UTC"))),
     ItemResult(4, "acceptance", "acceptance on production traffic",
                Answer(Status.FAIL, ("10.0.0.7:8000 llama: acceptance 0.412 NOT over 0.55 (*all* traffic)",),
                       "specguard diagnose --since 7d")),
@@ -24,10 +25,13 @@ def test_the_table_gives_each_item_its_status_evidence_and_fix() -> None:
     lines = text.splitlines()
     assert lines[0] == "specguard preflight on gpu-7 at 2026-12-05T19:46:40Z (/etc/specguard/specguard.yaml)"
     assert lines[2].startswith(" 1. baseline measured and fresh") and lines[2].endswith("PASS")
-    assert "      http://10.0.0.7:8000: model llama, vLLM 0.32.0, k=3" in lines
-    assert lines[4].startswith(" 4. acceptance on production traffic") and lines[4].endswith("FAIL")
+    assert lines[3] == "      http://10.0.0.7:8000: model llama, vLLM 0.32.0, k=3"
+    assert (
+        lines[4] == "        the baseline entry for model llama: measured 2026-12-01 10:00 UTC"
+    )  # about the line above
+    assert lines[5].startswith(" 4. acceptance on production traffic") and lines[5].endswith("FAIL")
     assert "      fix: specguard diagnose --since 7d" in lines
-    assert lines[7].startswith("10. weekly report") and lines[7].endswith("UNKNOWN")
+    assert lines[8].startswith("10. weekly report") and lines[8].endswith("UNKNOWN")
     assert lines[-1] == "preflight FAILED: 1 pass, 1 fail, 1 unknown"
 
 
@@ -58,6 +62,17 @@ def test_the_markdown_record_names_host_time_config_and_each_item() -> None:
                  "| 4 | acceptance on production traffic | **fail** |",
                  "## 4. acceptance on production traffic: fail",
                  # evidence is text: what Markdown would read as emphasis is escaped
-                 r"- 10.0.0.7:8000 llama: acceptance 0.412 NOT over 0.55 (\*all\* traffic)"):  # fmt: skip
+                 r"- 10.0.0.7:8000 llama: acceptance 0.412 NOT over 0.55 (\*all\* traffic)",
+                 "  - the baseline entry for model llama: measured 2026-12-01 10:00 UTC"):  # fmt: skip
         assert line in text.splitlines(), line
     assert "Fix:\n\n```\nspecguard diagnose --since 7d\n```\n" in text
+    assert "Checked" not in text
+
+
+def test_a_partial_run_says_which_items_it_checked() -> None:
+    header = render.Header("h", 0.0, "c.yaml", "0.1.0", False, ("baseline", "report"))
+    assert "- **Checked:** only baseline, report (--only)" in render.markdown(header, RESULTS, False)
+    assert render.table(header, RESULTS, False).startswith(
+        "specguard preflight on h at 1970-01-01T00:00:00Z (c.yaml, only baseline, report)"
+    )
+    assert render.to_json(header, RESULTS, False)["only"] == ["baseline", "report"]
