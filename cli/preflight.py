@@ -113,7 +113,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     allow_unknown = "unknown" in args.allow
     ok = passed(results, allow_unknown)
     header = render.Header(
-        socket.gethostname(), now, str(args.config or "<defaults>"), __version__, allow_unknown
+        socket.gethostname(), now, str(args.config or "<defaults>"), __version__, allow_unknown, only
     )
     if args.json:
         print(json.dumps(render.to_json(header, results, ok), indent=2))
