@@ -9,16 +9,44 @@ false``) is said the same way.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
 from specguard.preflight.item import Context
 from specguard.preflight.servers import targets
 from specguard.store import history
-from specguard.store.database import StoreError, opened
 from specguard.store.history import Span
 
 DAY = 86400.0
+T = TypeVar("T")
+
+
+class Unreadable(Exception):
+    """The state database cannot be read; the message names it and why."""
+
+
+async def query(path: Path, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """``fn`` on a read-only connection to the state database at ``path``: preflight writes nothing
+    there (the daemon may be running, and the database may belong to its user). Raises Unreadable."""
+
+    def run() -> T:
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        except sqlite3.Error as exc:
+            raise Unreadable(f"cannot read the state database {path}: {exc}") from None
+        try:
+            db.row_factory = sqlite3.Row
+            return fn(db)
+        except sqlite3.Error as exc:
+            raise Unreadable(f"cannot read the state database {path}: {exc}") from None
+        finally:
+            db.close()
+
+    return await asyncio.to_thread(run)
 
 
 @dataclass(frozen=True)
@@ -64,9 +92,8 @@ async def _read(ctx: Context, seconds: float) -> Window | Unread:
         return history.read(db, start, end)
 
     try:
-        async with opened(ctx.store_file) as store:
-            found = await store.call(fetch, synced=False)
-    except StoreError as exc:
+        found = await query(ctx.store_file, fetch)
+    except Unreadable as exc:
         return Unread(str(exc))
     # The servers this config names (history may hold others, since removed); never the router's
     # page, which has no model_name.
@@ -82,5 +109,4 @@ async def minutes(ctx: Context, start: float, end: float) -> dict[tuple[str, str
     def fetch(db: sqlite3.Connection) -> dict[tuple[str, str], list[Span]]:
         return history.read(db, start, end, hours=False)
 
-    async with opened(ctx.store_file) as store:
-        return await store.call(fetch, synced=False)
+    return await query(ctx.store_file, fetch)

@@ -11,8 +11,8 @@ import time
 from specguard.playbook.serve_config.serving import ServingError, load_serving
 from specguard.preflight.item import Answer, Context, Status
 from specguard.preflight.servers import ServerFacts, describe, down_fix, servers
+from specguard.preflight.window import Unreadable, query
 from specguard.store import tune_results
-from specguard.store.database import StoreError, opened
 from specguard.store.tune_results import TuneResult
 
 NUMBER = 3
@@ -32,10 +32,11 @@ async def check(ctx: Context) -> Answer:
         return Answer(Status.UNKNOWN, (f"no state database{f' at {store}' if store else ''}: tune results are "
                                        "kept there (the daemon's state_dir)",))  # fmt: skip
     try:
-        async with opened(store) as opened_store:
-            results = await opened_store.call(tune_results.latest, synced=False)
-    except StoreError as exc:
-        return Answer(Status.UNKNOWN, (str(exc),))
+        results = await query(store, tune_results.latest)
+    except Unreadable as exc:
+        if "no such table" not in str(exc):
+            return Answer(Status.UNKNOWN, (str(exc),))
+        results = []  # a database written before specguard kept tune results
     running = [s for s in await servers(ctx) if s.k != 0]
     if not running:
         return Answer(Status.UNKNOWN, ("no running speculative server is configured to compare with",))
