@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from specguard.common.redact import shown
 from specguard.playbook.tune.verdict import TIE, Verdict
 from specguard.store import tune_results
 from specguard.store.database import opened
@@ -26,7 +27,7 @@ def result(verdict: Verdict, url: str, original: int, now: float | None = None) 
     model = str(first.report.get("server", {}).get("model") or "")
     return TuneResult(
         at=time.time() if now is None else now,
-        url=url.rstrip("/"),
+        url=shown(url.rstrip("/")),  # as preflight shows it: no credentials
         model=model,
         k_running=original,
         recommended=k,

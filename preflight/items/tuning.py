@@ -37,9 +37,13 @@ async def check(ctx: Context) -> Answer:
         if "no such table" not in str(exc):
             return Answer(Status.UNKNOWN, (str(exc),))
         results = []  # a database written before specguard kept tune results
-    running = [s for s in await servers(ctx) if s.k != 0]
+    configured = await servers(ctx)
+    if not configured:
+        return Answer(Status.UNKNOWN, ("the config names no vLLM server to compare with",))
+    running = [s for s in configured if s.k != 0]
     if not running:
-        return Answer(Status.UNKNOWN, ("no running speculative server is configured to compare with",))
+        return Answer(Status.FAIL, (*map(describe, configured), "no configured server runs speculative decoding"),
+                      "deploy the serving file (`specguard serve-config`), then tune k")  # fmt: skip
     evidence: list[str] = []
     fixes: list[str] = []
     for server in running:
