@@ -17,8 +17,8 @@ Check this host against the playbook's deploy checklist, item by item: 1 the bas
 fresh and of the running model and vLLM version; 2 `specguard compat` passes for the serving file's
 target and draft; 3 k was tuned (`specguard tune` recorded a result) and the running k is the
 recommended one or within its margin; 4 acceptance on production traffic is over 0.55; 5 speculation
-pays, over 1.3x (measured by `bench --against`, else estimated as MAL / (1 + k c), said which); 6 the
-KV cache stays under 95 % at peak with no preemption burst; 7 the fallback was drilled (--drill runs
+pays, over 1.3x (measured by `bench --against`, and estimated from production traffic as
+MAL / (1 + k c): each said for what it is, both must be over); 6 the KV cache stays under 95 % at peak with no preemption burst; 7 the fallback was drilled (--drill runs
 the drill: the flag engaged through the configured action, traffic seen moving, restored through the
 canary, recorded); 8 the routing config renders and `nginx -t` passes; 9 Prometheus scrapes vLLM and
 specguard, holds the exported rules, and the Grafana dashboard is current; 10 the weekly report is

@@ -118,7 +118,7 @@ class Stack:
         for sim in self.sims.values():
             sim.stop()
 
-    def recorded_after(self, moment: float, names: Sequence[str], timeout: float = 60.0) -> None:
+    def recorded_after(self, moment: float, names: Sequence[str], timeout: float = 120.0) -> None:
         """Wait until history holds a scrape of each of ``names`` taken after ``moment`` (epoch)."""
         wanted = {self.sims[name].instance for name in names}
         deadline = time.monotonic() + timeout
