@@ -11,7 +11,7 @@ from __future__ import annotations
 from specguard.metrics.figures import drafted_per_step, figures, total
 from specguard.preflight.item import Answer, Context, Status
 from specguard.preflight.items.acceptance import coverage
-from specguard.preflight.servers import servers
+from specguard.preflight.servers import describe, down_fix, servers
 from specguard.preflight.window import Unread, Window, period, read
 from specguard.store.baseline import Baseline
 
@@ -30,7 +30,8 @@ async def check(ctx: Context) -> Answer:
     baseline = ctx.loaded.baseline
     window = await read(ctx, settings.acceptance_period)
     series: dict[tuple[str, str], str] = {}  # (instance, model) -> the server's URL
-    for server in await servers(ctx):
+    configured = await servers(ctx)
+    for server in configured:
         if server.model is not None and server.k != 0:
             series[(server.instance, server.model)] = server.base_url
     if isinstance(window, Window):
@@ -38,15 +39,16 @@ async def check(ctx: Context) -> Answer:
             if total(spans)[0].get("drafts"):
                 series.setdefault(key, key[0])
     if not series:
-        why = (
-            window.why
-            if isinstance(window, Unread)
-            else "no running speculative server, and no drafts in history"
-        )
-        return Answer(Status.UNKNOWN, (why,))
+        if isinstance(window, Unread):
+            return Answer(Status.UNKNOWN, (window.why,))
+        down = [s for s in configured if s.k is None]
+        said = (f"no configured server runs speculative decoding, and history holds no draft in the last "
+                f"{period(settings.acceptance_period)}")  # fmt: skip
+        deploy = down_fix(down[0]) if down else "deploy the serving file (`specguard serve-config`)"
+        return Answer(Status.FAIL, (*map(describe, configured), said), deploy)
     evidence: list[str] = []
     verdicts: list[Status] = []
-    fix = None
+    fix: str | None = None
     for (instance, model), url in sorted(series.items()):
         lines, verdict, measure = _judge(instance, model, baseline, window, settings.min_speedup)
         evidence += [f"{instance} {model}: {lines[0]}", *(f"  {line}" for line in lines[1:])]

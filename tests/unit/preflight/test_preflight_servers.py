@@ -13,8 +13,9 @@ from pytest_aiohttp import AiohttpServer
 
 from specguard.config.loading import load
 from specguard.preflight.item import Context, Status
-from specguard.preflight.items import baseline, tuning
+from specguard.preflight.items import baseline, speedup, tuning
 from specguard.preflight.servers import servers
+from specguard.store.connection import open_database
 from tests.ports import free_port
 
 PAGE = "\n".join(
@@ -92,4 +93,22 @@ async def test_a_server_that_does_not_answer_fails_the_items_that_compare_with_i
     assert answer.evidence[1].startswith("  its k could not be read: ")
     assert answer.fix is not None and answer.fix.startswith(
         f"start the vLLM server at http://127.0.0.1:{port}"
+    )
+
+
+async def test_no_speculation_anywhere_fails_the_speedup_saying_which_server_did_not_answer(
+    tmp_path: Path,
+) -> None:
+    port = free_port()  # nothing listens there
+    ctx = context(tmp_path, f"http://127.0.0.1:{port}/metrics")
+    open_database(tmp_path / "state" / "specguard.db").close()  # the daemon's, with no history yet
+    answer = await speedup.check(ctx)
+    assert answer.status is Status.FAIL
+    assert answer.evidence == (
+        f"http://127.0.0.1:{port}: model ?, vLLM ?, k unknown",
+        "no configured server runs speculative decoding, and history holds no draft in the last 7d",
+    )
+    assert (
+        answer.fix
+        == f"start the vLLM server at http://127.0.0.1:{port}, or correct the config's scrape targets"
     )
