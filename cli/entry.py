@@ -17,6 +17,7 @@ from specguard.cli import (
     export,
     history,
     ladder,
+    preflight,
     report,
     routing,
     run,
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     tune.add_parser(sub)
     routing.add_parser(sub)
+    preflight.add_parser(sub)
     return parser
 
 
@@ -102,6 +104,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve-config": serve_config.cmd_serve_config,
     "tune": tune.cmd_tune,
     "routing": routing.cmd_routing,
+    "preflight": preflight.cmd_preflight,
 }
 
 

@@ -161,6 +161,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         draft_cost=args.draft_cost, baseline_cost=baseline_cost, rules=tuple(r.name for r in rules),
         settle=settle, phase_seconds=action.p.timeout + 600, restart_guess=min(action.p.health_timeout, 120.0),
         serving=args.serving, baseline=args.baseline, write=args.write, method=args.method,
+        store=loaded.config.store_file(),
     )  # fmt: skip
     return asyncio.run(tune(options, api, sys.stdout, sys.stderr))
 

@@ -56,9 +56,12 @@ class PreflightConfig(_Strict):
     """The checklist's numbers (the playbook's by default) and where its evidence lives."""
 
     min_acceptance: float = Field(0.55, gt=0, lt=1)  # item 4
-    acceptance_period: Duration = Field(7 * DAY, gt=0)  # item 4: production traffic sampled
+    # items 4, 5 and 6: the production traffic judged, the last this long of the daemon's history
+    acceptance_period: Duration = Field(7 * DAY, gt=0)
     min_speedup: float = Field(1.3, gt=0)  # item 5
     max_kv_cache_usage: float = Field(0.95, gt=0, le=1)  # item 6, at peak
+    # item 6: a minute in which a server preempted more requests than this is a preemption burst
+    max_preemptions_per_minute: int = Field(10, ge=0)
     baseline_max_age: Duration = Field(30 * DAY, gt=0)  # item 1
     drill: DrillConfig = DrillConfig()
     prometheus: PrometheusCheck = PrometheusCheck()

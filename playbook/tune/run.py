@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from specguard.playbook.bench.runner import BenchError, Options
-from specguard.playbook.tune import write
+from specguard.playbook.tune import record, write
 from specguard.playbook.tune.daemon import DaemonApi, DaemonError, Ladder
 from specguard.playbook.tune.measure import Run, draft_cost, measure
 from specguard.playbook.tune.predict import predict
@@ -41,6 +41,7 @@ class TuneOptions:
     baseline: Path | None = None
     write: bool = False
     method: str | None = None
+    store: Path | None = None  # the state database the result is recorded in (tune_results)
 
 
 class Stopped(Exception):
@@ -109,6 +110,7 @@ async def tune(options: TuneOptions, api: DaemonApi, out: TextIO, err: TextIO) -
         return 2
     verdict = _verdict(options, sweep, reference, err)
     render(verdict, out)
+    await _record(options, verdict, planned.original, err)
     if trouble is not None:
         return 2
     if verdict.recommended != planned.original:
@@ -226,6 +228,25 @@ def _verdict(options: TuneOptions, sweep: Sweep, reference: dict[int, Run], err:
         err.write(f"specguard tune: no draft cost: the PREDICTED column is empty{why}\n")
     predictions = predict(largest, costs, source, sweep.plan.original)
     return decide(Verdict(sweep.plan.ks, sweep.plan.concurrency, sweep.runs, reference, predictions))
+
+
+async def _record(options: TuneOptions, verdict: Verdict, original: int, err: TextIO) -> None:
+    """The result in the state database, for ``specguard preflight``; a failure is said, not fatal."""
+    from specguard.store.database import StoreError
+
+    if options.store is None:
+        return
+    if not options.store.is_file():
+        err.write(
+            f"specguard tune: not recorded: no state database at {options.store} (the daemon's state_dir)\n"
+        )
+        return
+    try:
+        err.write(
+            f"{await record.save(options.store, record.result(verdict, options.bench.url, original))}\n"
+        )
+    except StoreError as exc:
+        err.write(f"specguard tune: not recorded: {exc}\n")
 
 
 def _write(options: TuneOptions, verdict: Verdict, err: TextIO) -> int:

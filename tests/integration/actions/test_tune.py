@@ -30,6 +30,10 @@ import pytest
 from specguard.actions.vllm_restart.server import Server, positions
 from specguard.playbook.serve_config.serving import load_serving
 from specguard.playbook.tune.batches import schedule
+from specguard.playbook.tune.verdict import TIE
+from specguard.store import tune_results
+from specguard.store.database import opened
+from specguard.store.tune_results import TuneResult
 from tests.processes import specguard
 from tests.tune_sim import (
     BATCH_SWEEP,
@@ -122,6 +126,20 @@ async def test_the_sweep_predicts_measures_and_recommends_the_true_best_k(served
     assert [e["model"] for e in entries] == ["tiny-llama"]
     assert "signals" in entries[0] and entries[0]["vllm_version"]
 
+    # kept for preflight (item 3): the k recommended, the k the server ran, the k within the margin
+    kept = await tune_kept(served)
+    assert len(kept) == 1, kept
+    assert (kept[0].url, kept[0].model, kept[0].k_running) == (served.host.url, "tiny-llama", ORIGINAL)
+    assert kept[0].recommended == TRUE_BEST and kept[0].margin == TIE
+    assert kept[0].result["ks"] == list(SWEEP) and TRUE_BEST in kept[0].result["within_margin"]
+    assert set(kept[0].result["scores"]) == {str(k) for k in SWEEP}
+    assert f"recorded in {served.root / 'state' / 'specguard.db'} (tune_results): k={TRUE_BEST}" in err, err
+
+
+async def tune_kept(host: TuneHost) -> list[TuneResult]:
+    async with opened(host.root / "state" / "specguard.db") as store:
+        return await store.call(tune_results.latest, synced=False)
+
 
 def sections(out: str) -> dict[int, list[dict[str, str]]]:
     """Each concurrency level's table rows (the lines between its heading and the next)."""
@@ -194,6 +212,8 @@ async def test_a_concurrency_sweep_writes_a_k_per_batch_size_that_falls_as_batch
         shown = await ladder(served)
         assert shown["k"] == ORIGINAL == shown["file_k"] and shown["change"] is None
         assert [(e["from"], e["to"]) for e in shown["log"]] == [(4, 3), (3, 1), (1, 0), (0, 4)]
+        (kept,) = await tune_kept(served)  # the k the serving file got, and its schedule
+        assert kept.recommended == top and kept.result["schedule"] == expected
     finally:
         served.stop()
 
@@ -288,6 +308,7 @@ async def test_a_server_gone_mid_sweep_stops_it_and_the_original_k_is_restored(s
     assert shown["k"] == ORIGINAL == shown["file_k"] and shown["change"] is None, shown
     assert [(e["from"], e["to"]) for e in shown["log"]] == [(4, 5), (5, 4)]
     assert served.serving.read_text() == before  # nothing written
+    assert await tune_kept(served) == []  # an unfinished sweep recommends nothing
 
 
 async def test_tune_and_the_daemon_killed_mid_sweep_leave_a_valid_k(served: TuneHost) -> None:
