@@ -51,11 +51,14 @@ from specguard.dispatch import silences
 from specguard.rules.durations import format_duration
 from specguard.store.records import Event, PlannedRun, RunMode, RunStatus, State
 
-# When a run counts as acted on (its guards let it through), for budgets and cooldowns. Runs
-# written before this was recorded count from their creation unless they were held back.
-ACTED_AT = (
-    "coalesce(r.admitted, CASE WHEN r.status IN ('pending', 'running', 'ok', 'failed') THEN r.created END)"
-)
+# When a run counts as acted on, for budgets and cooldowns: when its guards let it through, or,
+# once it has ended, when it ended, whichever is later. A run that retried for a while (the flag
+# API down) changed the world at its last try, not at its admission: counted from its admission,
+# a budget of one per 5 minutes would let the next run change the world less than 5 minutes
+# after it. Runs written before admission was recorded count from their creation unless they
+# were held back.
+_ADMITTED = "coalesce(r.admitted, CASE WHEN r.status IN ('pending', 'running', 'ok', 'failed') THEN r.created END)"
+ACTED_AT = f"max({_ADMITTED}, coalesce(r.finished, {_ADMITTED}))"
 NOT_HELD = "r.status NOT IN ('skipped', 'deferred')"
 
 
