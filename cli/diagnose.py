@@ -75,7 +75,8 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--bench", type=Path, metavar="FILE", help="a `specguard bench --json` result (cases 2 and 3)"
     )
-    parser.add_argument("--unit", metavar="UNIT", help="vLLM's systemd unit, whose journal case 4 reads")
+    parser.add_argument("--unit", metavar="UNIT", help="vLLM's systemd unit, whose journal case 4 reads "
+                        "(default: the unit the config's vllm_restart action restarts, when it has one)")  # fmt: skip
     parser.add_argument(
         "--log", type=Path, metavar="FILE", help="vLLM's log file, for case 4 (instead of --unit)"
     )
@@ -139,10 +140,11 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print_problems(loaded)
         return 2
     source = "scrape" if seconds is not None else "prometheus" if args.prometheus is not None else "history"
+    unit = args.unit if args.unit is not None or args.log is not None else restart_unit(loaded)
 
     async def work() -> tuple[Any, list[Any]]:
         evidence = await gather(
-            loaded, start, end, source=source, scrape_seconds=seconds, bench=args.bench, unit=args.unit,
+            loaded, start, end, source=source, scrape_seconds=seconds, bench=args.bench, unit=unit,
             log_file=args.log, prometheus_url=args.prometheus or None,
         )  # fmt: skip
         return evidence, await diagnose(evidence, args.case or (1, 2, 3, 4))
@@ -157,3 +159,16 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         render.as_json(evidence, findings, code) if args.json else render.text(evidence, findings)
     )
     return code
+
+
+def restart_unit(loaded: Any) -> str | None:
+    """The systemd unit the config's vllm_restart actions restart, when there is exactly one: the
+    vLLM whose journal case 4 reads unless --unit or --log says otherwise."""
+    from specguard.actions.vllm_restart import VllmRestartParams
+
+    units = {
+        action.params.unit
+        for action in loaded.actions.values()
+        if isinstance(action.params, VllmRestartParams) and action.params.unit is not None
+    }
+    return units.pop() if len(units) == 1 else None

@@ -57,7 +57,9 @@ from specguard.store.records import Event, PlannedRun, RunMode, RunStatus, State
 # a budget of one per 5 minutes would let the next run change the world less than 5 minutes
 # after it. Runs written before admission was recorded count from their creation unless they
 # were held back.
-_ADMITTED = "coalesce(r.admitted, CASE WHEN r.status IN ('pending', 'running', 'ok', 'failed') THEN r.created END)"
+_ADMITTED = (
+    "coalesce(r.admitted, CASE WHEN r.status IN ('pending', 'running', 'ok', 'failed') THEN r.created END)"
+)
 ACTED_AT = f"max({_ADMITTED}, coalesce(r.finished, {_ADMITTED}))"
 NOT_HELD = "r.status NOT IN ('skipped', 'deferred')"
 

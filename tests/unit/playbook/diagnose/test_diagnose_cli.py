@@ -139,3 +139,35 @@ async def test_the_cases_run_in_order_and_a_failing_one_is_unknown(monkeypatch: 
     assert run.exit_code(findings) == 1
     assert run.exit_code([findings[0], findings[1]]) == 3
     assert run.exit_code([findings[0]]) == 0
+
+
+def test_case_4_reads_the_journal_of_the_unit_the_vllm_restart_action_restarts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --unit or --log, case 4 reads the journal of the vllm_restart action's unit."""
+    import stat
+    import sys
+
+    refused = Path(__file__).resolve().parents[3] / "fixtures" / "vllm-0.32.0-startup-vocab-refused.log"
+    argv = tmp_path / "argv"
+    journalctl = tmp_path / "bin" / "journalctl"
+    journalctl.parent.mkdir()
+    journalctl.write_text(
+        f"#!{sys.executable}\nimport sys\nopen({str(argv)!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+        f"sys.stdout.write(open({str(refused)!r}).read())\n"
+    )
+    journalctl.chmod(journalctl.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(journalctl.parent))
+    path = config(tmp_path)
+    path.write_text(
+        path.read_text()
+        + "actions:\n  shrink:\n    type: vllm_restart\n    ladder: [5, 3, 1, 0]\n"
+        + f"    env_file: {{path: {tmp_path / 's.env'}}}\n    unit: vllm-spec.service\n"
+    )
+    assert main(["diagnose", "--config", str(path), "--case", "4"]) == 1
+    assert argv.read_text().startswith("-u vllm-spec.service ")
+    assert "4. Vocabulary mismatch at start-up: CAUSE FOUND" in capsys.readouterr().out
+
+    argv.unlink()  # --log given: that file, and no journal
+    assert main(["diagnose", "--config", str(path), "--case", "4", "--log", str(refused)]) == 1
+    assert not argv.exists()
