@@ -62,8 +62,14 @@ async def test_a_temperature_collapse_names_acceptance_as_the_cause(
         f"estimated speedup {figure(case, 'estimated_speedup'):.2f}x at c = 1"
     )
     assert code == 1 and case["verdict"] == "cause found", case
-    assert "acceptance collapsed" in case["summary"]
-    assert alpha < 0.3 and figure(case, "k") == vllm_server.num_speculative_tokens
+    # The tier's premise: at temperature 1.5 the draft's tokens are mostly rejected (alpha-hat measured
+    # 0.04 to 0.37 here, from run to run); where it falls under the playbook's lines is the traffic's
+    # doing, and the cause named must follow it: collapsed under 0.3, too low to pay under 0.5 (with
+    # c = 1 and k = 4 speculation cannot pay: MAL / 5 < 1).
+    assert alpha < 0.5, f"temperature 1.5 left acceptance high: alpha-hat {alpha}"
+    named = "acceptance collapsed" if alpha < 0.3 else "acceptance is too low to pay"
+    assert named in case["summary"], case["summary"]
+    assert figure(case, "k") == vllm_server.num_speculative_tokens
     assert figure(case, "estimated_speedup") == pytest.approx(
         figure(case, "mean_acceptance_length") / (1 + 4 * 1.0), rel=0.01
     )
