@@ -137,8 +137,9 @@ class PrometheusSource:
         ]
         return chain_result(signal, counts, window)
 
-    async def query_expr(self, expr: str) -> SourceResult:
-        answer = await self._query(expr)
+    async def query_expr(self, expr: str, at: float | None = None) -> SourceResult:
+        """``expr`` evaluated now (the clock's), or at ``at`` (Unix seconds) when given."""
+        answer = await self._query(expr, at)
         return answer if isinstance(answer, SourceResult) else SourceResult.of(answer)
 
     async def _query(

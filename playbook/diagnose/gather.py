@@ -21,7 +21,8 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,23 +112,26 @@ class Querier(Protocol):
     async def __call__(self, expr: str, at: float) -> list[tuple[Mapping[str, str], float]] | str: ...
 
 
-def prometheus_querier(url: str, timeout: float, token: str | None, verify_tls: bool) -> Querier:
-    """Instant queries at a given time through the Prometheus source (its errors as text)."""
+@asynccontextmanager
+async def prometheus_querier(
+    url: str, timeout: float, token: str | None, verify_tls: bool
+) -> AsyncIterator[Querier]:
+    """Instant queries at a given time through the Prometheus source (its errors as text); the
+    source is closed on the way out."""
     from specguard.sources.prometheus import PrometheusSource
 
-    moment = [0.0]
-    source = PrometheusSource(
-        url, timeout, bearer_token=token, verify_tls=verify_tls, clock=lambda: moment[0]
-    )
+    source = PrometheusSource(url, timeout, bearer_token=token, verify_tls=verify_tls)
 
     async def query(expr: str, at: float) -> list[tuple[Mapping[str, str], float]] | str:
-        moment[0] = at
-        result = await source.query_expr(expr)
+        result = await source.query_expr(expr, at)
         if result.error is not None:
             return result.error
         return [(series.labels, series.value) for series in result.series]
 
-    return query
+    try:
+        yield query
+    finally:
+        await source.close()
 
 
 def points_in(start: float, end: float) -> list[float]:
@@ -312,13 +316,13 @@ async def gather(
         url = prometheus_url or (p.url if p is not None else None)
         if url is None:
             raise GatherError("--prometheus: the config has no sources.prometheus: give its URL")
-        query = prometheus_querier(
+        async with prometheus_querier(
             url,
             p.timeout if p is not None else 10.0,
             loaded.prometheus_token if p is not None and prometheus_url is None else None,
             p.verify_tls if p is not None else True,
-        )
-        servers, routes, notes = await from_prometheus(query, start, end)
+        ) as query:
+            servers, routes, notes = await from_prometheus(query, start, end)
     else:
         servers, routes, notes = await from_history(config.store_file(), start, end)
     return Evidence(
