@@ -19,6 +19,7 @@ from typing import Any
 
 from specguard.cli.shared.options import add_config
 from specguard.cli.shared.statedb import state_database
+from specguard.store.connection import read_only
 
 PAGES_PER_STEP = 1024  # the daemon's writes wait at most one step's copy (a few ms)
 
@@ -52,7 +53,7 @@ def backup(source: Path, target: Path) -> dict[str, int]:
     try:
         # The daemon's database read-only: a backup must never be what changes it.
         with (
-            contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)) as db,
+            contextlib.closing(read_only(source, timeout=30)) as db,
             contextlib.closing(sqlite3.connect(partial)) as copy,
         ):
             db.backup(copy, pages=PAGES_PER_STEP)

@@ -19,6 +19,7 @@ from typing import TypeVar
 from specguard.preflight.item import Context
 from specguard.preflight.servers import targets
 from specguard.store import history
+from specguard.store.connection import read_only
 from specguard.store.history import Span
 
 DAY = 86400.0
@@ -35,11 +36,10 @@ async def query(path: Path, fn: Callable[[sqlite3.Connection], T]) -> T:
 
     def run() -> T:
         try:
-            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+            db = read_only(path)
         except sqlite3.Error as exc:
             raise Unreadable(f"cannot read the state database {path}: {exc}") from None
         try:
-            db.row_factory = sqlite3.Row
             return fn(db)
         except sqlite3.Error as exc:
             raise Unreadable(f"cannot read the state database {path}: {exc}") from None

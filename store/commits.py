@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from specguard.store.connection import transaction
+from specguard.store.connection import read_only, transaction
 from specguard.store.records import Event, EventRecord, PlannedRun, RunStatus, SeriesState, State, Verdict
 
 # Given the transaction an event is written in and a run planned for it, the run as it is to be
@@ -21,8 +21,7 @@ Guard = Callable[[sqlite3.Connection, "Event", PlannedRun], PlannedRun]
 def load_states_read_only(path: Path) -> dict[str, dict[str, SeriesState]]:
     """Every rule's series states from the database at ``path``, opened read-only (``eval``
     reads a running daemon's detectors this way, never writing). Raises sqlite3.Error."""
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-        db.row_factory = sqlite3.Row
+    with contextlib.closing(read_only(path)) as db:
         return load_states(db)
 
 

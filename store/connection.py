@@ -13,6 +13,16 @@ from specguard.store.schema import SCHEMA, SCHEMA_VERSION, upgrade
 BUSY_TIMEOUT = 5.0  # seconds a statement waits for another connection's lock
 
 
+def read_only(path: Path, timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
+    """The database at ``path`` opened read-only, its rows by name: how a command reads a running
+    daemon's database (or one owned by its user) without ever changing it. The path goes in as a
+    ``file:`` URI, quoted, so a name with ``?``, ``#`` or ``%`` opens that file. Raises
+    sqlite3.Error."""
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout)
+    db.row_factory = sqlite3.Row
+    return db
+
+
 def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT)
     db.row_factory = sqlite3.Row

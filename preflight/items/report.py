@@ -8,13 +8,13 @@ first one is due."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from specguard.preflight.item import Answer, Context, Status
+from specguard.preflight.window import Unreadable, query
 
 NUMBER = 10
 KEY = "report"
@@ -34,15 +34,11 @@ def _when(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _read(path: Path) -> tuple[Written | None, float | None]:
-    """The newest scheduled report and when the schedule was first seen (read only)."""
+def _read(db: sqlite3.Connection) -> tuple[Written | None, float | None]:
+    """The newest scheduled report and when the schedule was first seen."""
     from specguard.report.weekly import newest, scheduled_since
 
-    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        found, since = newest(db), scheduled_since(db)
-    finally:
-        db.close()
+    found, since = newest(db), scheduled_since(db)
     return (Written(found[0], found[1], tuple(found[2])) if found else None), since
 
 
@@ -75,8 +71,8 @@ async def check(ctx: Context) -> Answer:
             "start the daemon: systemctl enable --now specguard",
         )
     try:
-        written, since = await asyncio.to_thread(_read, store)
-    except (sqlite3.Error, ValueError) as exc:
+        written, since = await query(store, _read)
+    except (Unreadable, ValueError) as exc:
         return Answer(Status.UNKNOWN, (*facts, f"cannot read the reports in {store}: {exc}"))
     moment = datetime.fromtimestamp(ctx.now - SLACK, UTC)
     due_at = previous_fire(trigger, moment, datetime.fromtimestamp(since or ctx.now, UTC))
