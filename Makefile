@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,charts,playbook]'
+	$(BIN)/pip install --quiet -e '.[dev,charts,playbook,fleet]'
 	touch $(STAMP)
 
 # README command one: a simulated vLLM and the daemon, end to end, in about a minute.

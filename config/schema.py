@@ -25,6 +25,7 @@ from specguard.common.secrets import SecretRef
 from specguard.common.sizes import parse_size
 from specguard.config.preflight import PreflightConfig
 from specguard.config.routing import RoutingConfig
+from specguard.coordination.config import CoordinationConfig
 from specguard.rules.durations import Duration, Interval
 from specguard.sources.scrape import DEFAULT_MAX_PAGE_BYTES
 from specguard.sources.targets import duplicate_instances, instance_label
@@ -273,6 +274,8 @@ class Config(_Strict):
     # preflight and tune hold the running server to.
     serving: Path | None = None
     preflight: PreflightConfig = PreflightConfig()
+    # The fleet's store (etcd or Redis) and the bounds on disruption it keeps; none: this host acts alone.
+    coordination: CoordinationConfig | None = None
     interval: Interval = 15.0
     dry_run: bool = False
     log_format: Literal["auto", "json", "text"] = "auto"
