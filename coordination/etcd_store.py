@@ -140,7 +140,9 @@ class EtcdCoordinator(Coordinator):
 
     def _authenticate(self) -> None:
         answer = self._client.post(
-            self._client.get_url("/auth/authenticate"), json={"name": self._user, "password": self._password}
+            self._client.get_url("/auth/authenticate"),
+            json={"name": self._user, "password": self._password},
+            headers={"Authorization": None},  # not the stale token: etcd refuses it here too
         )
         self._client.session.headers["Authorization"] = str(answer["token"])
 
