@@ -151,9 +151,11 @@ class EtcdCoordinator(Coordinator):
         return dict(self._do(lambda: self._client.transaction(txn)))
 
     def _range(self, prefix: str, keys_only: bool = False) -> list[tuple[bytes, dict[str, Any]]]:
-        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        start = prefix.encode()
+        # etcd3gw sends a str range_end encoded as latin-1: this one is the UTF-8 bytes' successor.
+        end = (start[:-1] + bytes([start[-1] + 1])).decode("latin-1")
         found = self._do(
-            lambda: self._client.get(prefix, metadata=True, range_end=end, keys_only=keys_only or None)
+            lambda: self._client.get(start, metadata=True, range_end=end, keys_only=keys_only or None)
         )
         return [(value, dict(meta)) for value, meta in found]
 
@@ -280,7 +282,7 @@ class EtcdCoordinator(Coordinator):
         return False
 
     def _range_one(self, key: str, name: str) -> _Slot | None:
-        found = self._do(lambda: self._client.get(key, metadata=True))
+        found = self._do(lambda: self._client.get(key.encode(), metadata=True))
         if not found:
             return None
         value, meta = found[0]
@@ -346,7 +348,7 @@ class EtcdCoordinator(Coordinator):
         lease = self._grant_lease(ttl)
         self._do(
             lambda: self._client.put(
-                key, json.dumps({"ttl": _seconds(ttl)}), lease=Lease(lease, self._client)
+                key.encode(), json.dumps({"ttl": _seconds(ttl)}), lease=Lease(lease, self._client)
             )
         )
         if found is not None:

@@ -197,3 +197,19 @@ async def test_concurrent_acquires_never_exceed_the_limit(case: Case) -> None:
     assert len(set(tokens)) == len(tokens)
     for g in grants:
         assert g.granted or g.why.startswith(("3 of 3 slots held by", "contended:"))
+
+
+async def test_names_are_unicode_and_may_hold_slashes(case: Case) -> None:
+    c = case.coordinator
+    owner = "wéb-ß/1:vllm_restart"
+    grant = await c.acquire("redémarrages", owner, 1, TTL, "règle « acceptance »")
+    assert grant.token is not None
+    assert [(h.owner, h.incident) for h in await c.holders("redémarrages")] == [
+        (owner, "règle « acceptance »")
+    ]
+    assert await c.holds("redémarrages", owner, grant.token)
+    assert await c.renew("redémarrages", owner, grant.token, TTL)
+    assert not (await c.acquire("redémarrages", "other:vllm_restart", 1, TTL, "")).granted
+    await c.register("wéb-ß", TTL)
+    assert await c.hosts() == ("wéb-ß",)
+    assert await c.release("redémarrages", owner, grant.token)
