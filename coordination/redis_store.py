@@ -15,6 +15,9 @@ Every script first drops the holders whose lease has ended (``ZRANGEBYSCORE``/``
 so a crashed holder's slot is free for the next caller without anyone cleaning up. Time is Redis's
 own (``TIME`` inside the script), one clock for the whole fleet; a Coordinator given ``clock``
 passes its time instead (a test's fake clock).
+
+One Redis server (with replicas if wanted), not a Redis Cluster: a script's keys would lie in
+different hash slots.
 """
 
 from __future__ import annotations
