@@ -163,8 +163,12 @@ class EtcdCoordinator(Coordinator):
         return self._do(lambda: self._client.lease(_seconds(ttl))).id
 
     def _keepalive(self, lease: int) -> int:
-        """The lease's TTL after a keep-alive; -1 when it has ended."""
-        return self._do(lambda: Lease(lease, self._client).refresh())
+        """The lease's TTL after a keep-alive; -1 when it has ended (etcd then sends no TTL: read
+        here rather than by Lease.refresh, so as not to depend on how an etcd3gw release reads it)."""
+        answer = self._do(
+            lambda: self._client.post(self._client.get_url("/lease/keepalive"), json={"ID": lease})
+        )
+        return int(answer.get("result", {}).get("TTL", -1))
 
     def _revoke(self, lease: int) -> None:
         """Best effort: the lease ends by itself at its TTL anyway."""
