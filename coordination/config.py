@@ -13,7 +13,7 @@ import socket
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from specguard.common.secrets import SecretRef
 from specguard.rules.durations import Duration
@@ -71,13 +71,23 @@ class CoordinationConfig(BaseModel):
             raise ValueError("a host name is 1-200 characters, without spaces or ':'")
         return value
 
-    @model_validator(mode="after")
-    def _url(self) -> CoordinationConfig:
-        parts = urlsplit(self.url)
-        schemes = ("http", "https") if self.store == "etcd" else ("redis", "rediss", "unix")
-        example = "http://127.0.0.1:2379" if self.store == "etcd" else "redis://127.0.0.1:6379/0"
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str, info: ValidationInfo) -> str:
+        try:
+            parts = urlsplit(value)
+            password = parts.password
+        except ValueError:  # (a port that is not a number)
+            raise ValueError("not a URL like redis://127.0.0.1:6379/0 or http://127.0.0.1:2379") from None
+        # First, and without repeating the URL: a password there must not reach a log.
+        if password:
+            raise ValueError("no password in the URL; give `password: {file: ...}` or {env: ...}")
+        store = info.data.get("store")  # (declared first: already checked, if given)
+        if store not in ("etcd", "redis"):
+            return value
+        schemes = ("http", "https") if store == "etcd" else ("redis", "rediss", "unix")
+        example = "http://127.0.0.1:2379" if store == "etcd" else "redis://127.0.0.1:6379/0"
         if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
-            raise ValueError(f"url: {self.url!r} is not a {self.store} URL like {example}")
-        if parts.password:
-            raise ValueError("url: no password in the URL; give `password: {file: ...}` or {env: ...}")
-        return self
+            raise ValueError(f"{value!r} is not an {store} URL like {example}" if store == "etcd"
+                             else f"{value!r} is not a {store} URL like {example}")  # fmt: skip
+        return value

@@ -17,7 +17,10 @@ def problems(tmp_path: Path, section: str) -> tuple[Path, list[str]]:
     return config, [str(p) for p in load(config).errors]
 
 
-def test_a_good_section_loads_with_its_limits_as_hosts_or_shares(tmp_path: Path) -> None:
+def test_a_good_section_loads_with_its_limits_as_hosts_or_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_REDIS_PASSWORD", "s3cret")
     config = tmp_path / "specguard.yaml"
     config.write_text(
         "coordination:\n"
@@ -95,23 +98,28 @@ def test_an_unknown_store_is_named(tmp_path: Path) -> None:
         (
             "etcd",
             "redis://127.0.0.1:6379/0",
-            "url: 'redis://127.0.0.1:6379/0' is not a etcd URL like http://127.0.0.1:2379",
+            "'redis://127.0.0.1:6379/0' is not an etcd URL like http://127.0.0.1:2379",
         ),
         (
             "redis",
             "http://127.0.0.1:2379",
-            "url: 'http://127.0.0.1:2379' is not a redis URL like redis://127.0.0.1:6379/0",
+            "'http://127.0.0.1:2379' is not a redis URL like redis://127.0.0.1:6379/0",
         ),
-        ("redis", "redis:///0", "url: 'redis:///0' is not a redis URL like redis://127.0.0.1:6379/0"),
+        ("redis", "redis:///0", "'redis:///0' is not a redis URL like redis://127.0.0.1:6379/0"),
         (
             "redis",
             "redis://:hunter2@127.0.0.1:6379/0",
-            "url: no password in the URL; give `password: {file: ...}` or {env: ...}",
+            "no password in the URL; give `password: {file: ...}` or {env: ...}",
+        ),
+        (
+            "etcd",
+            "redis://:hunter2@127.0.0.1:6379/0",  # the wrong scheme too: the password is still not said
+            "no password in the URL; give `password: {file: ...}` or {env: ...}",
         ),
         (
             "etcd",
             "http://root:hunter2@127.0.0.1:2379",
-            "url: no password in the URL; give `password: {file: ...}` or {env: ...}",
+            "no password in the URL; give `password: {file: ...}` or {env: ...}",
         ),
     ],
 )
@@ -119,6 +127,19 @@ def test_a_url_that_does_not_fit_the_store_is_named(
     tmp_path: Path, store: str, url: str, message: str
 ) -> None:
     config, found = problems(tmp_path, f"  store: {store}\n  url: {url}\n")
-    # The section's own line: the URL is checked against the store, after both are read.
-    assert found == [f"{config}:1: coordination: {message}"]
+    # The URL's own line and field; a password in it is never repeated, whatever else is wrong.
+    assert found == [f"{config}:3: coordination.url: {message}"]
     assert "hunter2" not in found[0]
+
+
+def test_a_password_that_cannot_be_read_is_named_at_its_line_and_never_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FLEET_REDIS_PASSWORD", raising=False)
+    config, found = problems(
+        tmp_path, "  store: redis\n  url: redis://10.0.0.5:6379/0\n  password: {env: FLEET_REDIS_PASSWORD}\n"
+    )
+    assert found == [f"{config}:4: coordination.password: the fleet store's password: environment variable "
+                     "FLEET_REDIS_PASSWORD is not set"]  # fmt: skip
+    config, found = problems(tmp_path, "  store: etcd\n  url: http://10.0.0.5:2379\n  user: specguard\n")
+    assert found == [f"{config}:1: coordination: etcd's authentication needs both `user` and `password`"]
