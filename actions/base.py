@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specguard.coordination.gate import FleetGate
 from specguard.rules.durations import Duration
 from specguard.store.records import RunOutcome
 
@@ -96,6 +97,9 @@ class Outcome:
     # A restore that could not be done yet (a canary that failed): try again after this many
     # seconds. None: the outcome is final.
     retry_after: float | None = None
+    # On-call must hear of it now, even when the run is not over (a restart deferred because the
+    # fleet's store cannot be reached) or went well (a step done after its fleet slot had ended).
+    page: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,12 @@ class Action(ABC):
     def connect(self, actions: Mapping[str, Action]) -> None:
         """Called once every action of the config is built: an action that uses another (a drain
         through a feature flag) finds it here. Raises ValueError when it is not there."""
+        return None
+
+    def coordinate(self, fleet: FleetGate, memory: ActionMemory) -> None:
+        """Called by the daemon when the config has a ``coordination:`` section: an action that
+        disrupts (a restart, a fallback on shared capacity) takes a slot of the fleet's semaphore
+        through ``fleet`` first. Others ignore it."""
         return None
 
     def memory(self, ctx: ActionContext) -> ActionMemory:

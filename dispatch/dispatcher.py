@@ -446,6 +446,7 @@ class Dispatcher:
         ctx = context_of(run, StoreMemory(self.store, run.action), outcomes)
         await self.store.start_run(run.id)
         retry_after: float | None = None
+        page = False
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
             # that arrives as the action finishes, and a stop would then hang.
@@ -453,6 +454,7 @@ class Dispatcher:
                 outcome = await (action.restore(ctx) if run.mode == "restore" else action.run(ctx))
             status, detail = ("ok" if outcome.ok else "failed"), outcome.detail
             retry_after = None if outcome.ok else outcome.retry_after
+            page = outcome.page
         except TimeoutError:
             status, detail = "failed", f"timed out after {action.timeout:g}s"
         except Exception as exc:  # an action's bug must not stop the daemon
@@ -472,12 +474,18 @@ class Dispatcher:
                 detail,
             )
             self._due.set()
+            if page:  # not over, but on-call must hear of it now (the fleet's store is down)
+                told = RunOutcome(run.rule, run.series, run.kind, run.action, run.mode, "deferred", detail,
+                                  self.clock(), page=True)  # fmt: skip
+                await self._tell_observers(told)
             for observer in self.on_run:
                 observer(run, "retry", detail)
             return
         await self.store.finish_run(run.id, status, detail)
         self.metrics.action_runs.labels(run.action, status).inc()
-        ended = RunOutcome(run.rule, run.series, run.kind, run.action, run.mode, status, detail, self.clock())
+        ended = RunOutcome(
+            run.rule, run.series, run.kind, run.action, run.mode, status, detail, self.clock(), page=page
+        )
         await self._tell_observers(ended)
         for observer in self.on_run:
             observer(run, status, detail)

@@ -74,9 +74,10 @@ class RunOutcome:
     event: str  # firing | resolved
     action: str
     mode: str  # run | restore
-    status: str  # ok | failed
+    status: str  # ok | failed | deferred (told only when ``page``)
     detail: str
     at: float  # when it ended
+    page: bool = False  # on-call must hear of it now (see actions.base.Outcome.page)
 
 
 class RunStatus(StrEnum):

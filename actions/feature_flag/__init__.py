@@ -47,6 +47,7 @@ from specguard.actions.sizes import ResponseSize
 from specguard.common.http import MAX_RESPONSE_SIZE
 from specguard.common.locks import named_lock
 from specguard.common.secrets import read_if_given
+from specguard.coordination.gate import FALLBACK, FleetGate, Refused, Slot
 from specguard.rules.durations import Duration, format_duration, format_wait
 
 STATE_KEY = "flag"
@@ -224,6 +225,20 @@ class FeatureFlagAction(Action):
         self.clock: Callable[[], float] = lambda: time.time()  # the dispatcher gives its own
         # Called when the flag should be looked at now (a ladder's change ended): the dispatcher's.
         self.wake: Callable[[], None] = lambda: None
+        self.fleet: FleetGate | None = None  # with max_in_fallback: engaging takes a fallback slot
+
+    def coordinate(self, fleet: FleetGate, memory: ActionMemory) -> None:
+        if fleet.config.max_in_fallback is None:
+            return
+        self.fleet = fleet
+
+        async def wanted() -> list[tuple[str, str, str]]:
+            # Engaged (or unknown: it may be): the slot is held, taken again after a restart of
+            # the daemon or a lease lost while the store was down.
+            record = record_of(await memory.read(STATE_KEY))
+            return [] if record["state"] == RESTORED else [(FALLBACK, self.name, "the fallback engaged")]
+
+        fleet.keepers[self.name] = wanted
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -254,7 +269,19 @@ class FeatureFlagAction(Action):
 
     async def engage(self, memory: ActionMemory) -> Outcome:
         """Write the flag's engage value and confirm it. Idempotent: writing it again changes
-        nothing a router sees. A failure leaves the state unknown and says when to try again."""
+        nothing a router sees. A failure leaves the state unknown and says when to try again.
+        With a fleet's ``max_in_fallback``: a slot of its fallback semaphore first; none free (or
+        the store down), the flag is left as it is and on-call is paged instead, with why."""
+        if self.fleet is not None:
+            got = await self.fleet.take(FALLBACK, self.name, "the fallback engaged")
+            if isinstance(got, Refused):
+                return Outcome(
+                    False,
+                    f"not falling back: {got.why}; on-call is paged instead, next try in {format_wait(self.fleet.retry)}",
+                    retry_after=self.fleet.retry,
+                    page=True,
+                )
+            await memory.update(STATE_KEY, lambda v: {**record_of(v), "fleet_slot": got.as_json()})
         done = await self._write(memory, ENGAGED, "the fallback is not known to be engaged")
         return done if isinstance(done, Outcome) else Outcome(True, f"fallback engaged: {done}")
 
@@ -310,6 +337,11 @@ class FeatureFlagAction(Action):
             return done
         now = self.clock()
         lasted = f" after {format_duration(round(max(0.0, now - since)))} engaged" if since else ""
+        if self.fleet is not None:  # restored: the fallback slot goes back (or ends with its lease)
+            slot = Slot.from_json(record_of(await memory.read(STATE_KEY)).get("fleet_slot"))
+            if slot is not None:
+                await self.fleet.give_back(slot)
+                await memory.update(STATE_KEY, lambda v: {**record_of(v), "fleet_slot": None})
         return Outcome(True, f"speculative decoding restored{lasted}: {done}{checked}")
 
     async def failed(self, memory: ActionMemory, why: str, asked: float | None = None) -> Outcome:

@@ -179,11 +179,14 @@ class SlackAction(Action):
             record["actions"].append(box.outcome(outcome))
             if not box.queued_post(state, incident):
                 what = f"{outcome.action}" + (" (restore)" if outcome.mode == "restore" else "")
-                said = (
-                    f":rotating_light: {what} FAILED: {outcome.detail}"  # a rollback, a restore refused
-                    if outcome.status == "failed"
-                    else f"{what}: {outcome.status}: {outcome.detail}"
-                )
+                if outcome.status == "failed":  # a rollback, a restore refused
+                    said = f":rotating_light: {what} FAILED: {outcome.detail}"
+                elif outcome.page:  # a restart deferred, the fleet's store down; a step done without a slot
+                    # (a deferral's detail starts "deferred: ": said once)
+                    detail = outcome.detail.removeprefix(f"{outcome.status}: ")
+                    said = f":rotating_light: {what}: {outcome.status}: {detail}"
+                else:
+                    said = f"{what}: {outcome.status}: {outcome.detail}"
                 box.put(state, incident, "reply", now, said)
                 if self._token is not None:
                     box.put(state, incident, "update", now)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,7 @@ from specguard.actions.vllm_restart.server import Server
 from specguard.common.files import read_or_none
 from specguard.common.locks import named_lock
 from specguard.common.secrets import read_if_given
+from specguard.coordination.gate import FleetGate
 
 log = logging.getLogger("specguard.action.vllm_restart")
 
@@ -69,6 +71,10 @@ class VllmRestartAction(ChangeSteps, Action):
             else tuple(params.command or ())
         )
         self._drain: FeatureFlagAction | None = None
+        self.fleet: FleetGate | None = None
+
+    def coordinate(self, fleet: FleetGate, memory: ActionMemory) -> None:
+        self.fleet = fleet  # a restart takes a slot of the fleet's restarts semaphore first
 
     def uses(self) -> tuple[str, ...]:
         return () if self.p.drain is None else (self.p.drain,)
@@ -135,6 +141,8 @@ class VllmRestartAction(ChangeSteps, Action):
             change = state["change"]
             if change is not None:
                 resumed = await self._resume(memory, change)
+                if resumed.retry_after is not None:
+                    return resumed  # deferred for want of a fleet slot: this run waits behind it
                 if change["event_id"] == ctx.event_id and change.get("way") == way:
                     return resumed  # this very run, cut short by a stop: completed now
             current = await self._current(memory)
@@ -154,7 +162,9 @@ class VllmRestartAction(ChangeSteps, Action):
         async with self._lock:
             state = await memory.read(STATE_KEY) or empty_state()
             if state["change"] is not None:
-                await self._resume(memory, state["change"])
+                resumed = await self._resume(memory, state["change"])
+                if resumed.retry_after is not None:
+                    return resumed  # the unfinished change waits for a fleet slot; so does this step
             current = await self._current(memory)
             if to == "up":
                 target = self._above(current)
@@ -207,21 +217,32 @@ class VllmRestartAction(ChangeSteps, Action):
 
     async def tick(self, memory: ActionMemory) -> float | None:
         """An unfinished change in the store (the daemon stopped mid-restart): complete it. (A
-        long-running action's tick is carried out aside: it may take minutes.)"""
+        long-running action's tick is carried out aside: it may take minutes.) Deferred for want
+        of a fleet slot: tried again after the fleet's ``retry``."""
         state = await memory.read(STATE_KEY)
         if not state or not state.get("change") or self._lock.locked():
             return None
         async with self._lock:
             fresh = await memory.read(STATE_KEY) or empty_state()
             if fresh["change"] is not None:
-                await self._resume(memory, fresh["change"])
+                outcome = await self._resume(memory, fresh["change"])
+                if outcome.retry_after is not None:
+                    return time.time() + outcome.retry_after
         return None
 
     async def _resume(self, memory: ActionMemory, change: dict[str, Any]) -> Outcome:
+        """Complete (or roll back) a change a stopped daemon left, under a fresh fleet slot: the
+        old lease ended with the process, or is renewed when it has not (the same token)."""
         log.warning(
             "found an unfinished change of k %s -> %s (%s, at %s): completing it",
             change["from"], change["to"], change["reason"], change["phase"],
         )  # fmt: skip
+        slot = await self._take_slot(f"k {change['from']} -> {change['to']}: {change['reason']} (resumed)")
+        if isinstance(slot, Outcome):
+            return slot  # the journal stays open: the tick (or the run) tries again
+        if slot is not None:
+            change = {**change, "slot": slot.as_json()}
+            await memory.update(STATE_KEY, lambda s: {**(s or empty_state()), "change": dict(change)})
         return await self._carry_out(memory, change, resumed=True)
 
     # --- where on the ladder ----------------------------------------------------------------------

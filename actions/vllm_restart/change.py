@@ -26,6 +26,7 @@ from specguard.actions.vllm_restart.server import NotReady, Server
 from specguard.common.commands import CommandError, run_command
 from specguard.common.files import read_or_none, write_atomically
 from specguard.common.sequential import Decision
+from specguard.coordination.gate import RESTARTS, FleetGate, Refused, Slot
 
 log = logging.getLogger("specguard.action.vllm_restart")
 
@@ -59,6 +60,7 @@ class ChangeSteps:
     path: Path
     restart_argv: tuple[str, ...]
     _drain: FeatureFlagAction | None
+    fleet: FleetGate | None
 
     @property
     def holder(self) -> str:
@@ -95,15 +97,44 @@ class ChangeSteps:
         # A failure rolls back to the config last seen running (the file may have been edited since
         # it was read at start: a broken draft path must not be what the rollback restores).
         good = state["good"] or {"text": before, "k": current}
+        slot = await self._take_slot(f"k {current} -> {target}: {reason}")
+        if isinstance(slot, Outcome):
+            return slot  # deferred: no journal opened, nothing changed; the run tries again
         change = {
             "from": current, "to": target, "reason": reason, "event_id": event_id, "way": way, "phase": "write",
             "before": before, "after": after, "config_before": config_before, "config_after": config_after,
             "rollback_text": good["text"], "rollback_k": good["k"], "started": time.time(), "timings": {},
+            "slot": None if slot is None else slot.as_json(),
         }  # fmt: skip
         await memory.update(STATE_KEY, lambda s: {**(s or empty_state()), "change": change})
         return await self._carry_out(memory, change, resumed=False)
 
+    async def _take_slot(self, incident: str) -> Slot | Outcome | None:
+        """With a fleet: a slot of its restarts semaphore, or the deferral saying why there is none
+        (paged when the store cannot be reached). Without one: None, nothing to take."""
+        if self.fleet is None:
+            return None
+        got = await self.fleet.take(RESTARTS, self.name, incident)
+        if isinstance(got, Refused):
+            log.warning("%s: restart deferred: %s", self.name, got.why)
+            return Outcome(
+                False,
+                f"deferred: {got.why}; tried again in {self.fleet.retry:g}s",
+                self.fleet.retry,
+                got.page,
+            )
+        log.info("%s: took the fleet's %s", self.name, got.shown())
+        return got
+
     async def _carry_out(self, memory: ActionMemory, change: dict[str, Any], resumed: bool) -> Outcome:
+        """Take ``change`` from its phase to the end, its fleet slot's lease kept meanwhile."""
+        slot = Slot.from_json(change.get("slot"))
+        if self.fleet is None or slot is None:
+            return await self._steps(memory, change, resumed)
+        async with self.fleet.keeping(slot):
+            return await self._steps(memory, change, resumed)
+
+    async def _steps(self, memory: ActionMemory, change: dict[str, Any], resumed: bool) -> Outcome:
         """Take ``change`` from its phase to the end, journaling each phase first."""
 
         async def phase(name: str) -> None:
@@ -237,8 +268,12 @@ class ChangeSteps:
         transaction: a daemon killed just after it finds the step done and answered, never a
         closed journal without an answer, which the firing's repeated run would take as a step
         still to make."""
+        slot = Slot.from_json(change.get("slot"))
+        lost = None if self.fleet is None or slot is None else await self.fleet.check(slot)
+        if lost is not None:  # the fencing token says the slot was no longer ours: done without one
+            detail += f"; done without a fleet slot: {lost}"
         ended = time.time()
-        outcome = Outcome(ok, detail)
+        outcome = Outcome(ok, detail, page=lost is not None)
         entry = {
             "at": change["started"], "ended": ended, "from": change["from"], "to": change["to"],
             "reason": change["reason"], "ok": ok, "detail": detail,
@@ -268,7 +303,9 @@ class ChangeSteps:
             return [(int(change["event_id"]), shown)]
 
         await memory.update(STATE_KEY, end, notes)
-        (log.info if ok else log.error)("%s", detail)
+        (log.info if ok and lost is None else log.error)("%s", detail)
+        if self.fleet is not None and slot is not None:
+            await self.fleet.give_back(slot)  # after the journal is closed: never a step without one
         if self._drain is not None:
             self._drain.wake()  # the journal is closed: the drain no longer holds the flag
         return outcome

@@ -140,6 +140,24 @@ async def test_an_incident_is_one_thread_and_its_parent_shows_the_resolution(
     last = [m for m in slack.posted() if m["thread_ts"] == parent["ts"]][-1]
     assert last["text"] == ":rotating_light: shrink FAILED: k 3 -> 1 failed at verify; rolled back to k=3"
 
+    # one that pages without failing (a restart deferred with the fleet's store down; a step done
+    # after its fleet slot had ended) stands out too; one that neither fails nor pages does not
+    for status, detail, page in (("deferred", "deferred: the fleet's redis cannot be reached", True),
+                                 ("ok", "k 3 -> 1: ...; done without a fleet slot", True),
+                                 ("ok", "k 3 -> 1: verified", False)):  # fmt: skip
+        await oncall.observe(
+            RunOutcome(
+                "acceptance_critical", SERIES, "firing", "shrink", "run", status, detail, time.time(), page
+            ),
+            StoreMemory(store, "oncall"),
+        )
+    await deliver(oncall, store)
+    assert [m["text"] for m in slack.posted() if m["thread_ts"] == parent["ts"]][-3:] == [
+        ":rotating_light: shrink: deferred: the fleet's redis cannot be reached",
+        ":rotating_light: shrink: ok: k 3 -> 1: ...; done without a fleet slot",
+        "shrink: ok: k 3 -> 1: verified",
+    ]
+
 
 async def test_a_firing_resolved_within_the_group_wait_is_one_message(
     slack: SlackApi, store: Store, tmp_path: Path
