@@ -8,6 +8,7 @@ SIGHUP can keep the old one) with the reason.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +150,7 @@ def load(
     loaded.baseline = _load_baseline(config, data, label, loaded.problems)
     _check_report_slack(loaded, data)
     _check_report_history(loaded, data)
+    _check_coordination(loaded, data)
     patterns = list(rule_files) or ([] if "rules" in invalid else list(config.rules))
     # Files named on the command line are relative to where the command runs, like promtool's;
     # files named in the config are relative to the config.
@@ -334,6 +336,34 @@ def _load_actions(
                 continue  # it names one that could not be built: that one's error is listed
             problems.append(Problem(label, line_of(data, ("actions", name)), f"actions.{name}", str(exc)))
     return actions
+
+
+def _check_coordination(loaded: Loaded, data: Any) -> None:
+    """The fleet's store can be used as configured: its client installed (the ``fleet`` extra),
+    its password readable. (Whether it answers is the daemon's to find out, and fail safe.)"""
+    section = loaded.config.coordination
+    if section is None:
+        return
+    label = loaded.config_file or "<defaults>"
+    module, library = ("redis", "redis-py") if section.store == "redis" else ("etcd3gw", "etcd3gw")
+    if importlib.util.find_spec(module) is None:
+        loaded.problems.append(Problem(
+            label, line_of(data, ("coordination", "store")), "coordination.store",
+            f"{section.store} needs the {library} client, which is not installed: pip install 'specguard[fleet]'",
+        ))  # fmt: skip
+    _secret(
+        section.password,
+        "the fleet store's password",
+        ("coordination", "password"),
+        data,
+        label,
+        loaded.problems,
+    )
+    if section.store == "etcd" and (section.user is None) != (section.password is None):
+        loaded.problems.append(Problem(
+            label, line_of(data, ("coordination",)), "coordination",
+            "etcd's authentication needs both `user` and `password`",
+        ))  # fmt: skip
 
 
 def _check_report_history(loaded: Loaded, data: Any) -> None:

@@ -87,6 +87,9 @@ class Reloader:
             shared.metrics.show_rules(r.name for r in new.enabled_rules())
             await self.intake.rebuild_book()
             await self._warn_of_flags_left(old, new)
+            if old.config.coordination != new.config.coordination:
+                log.warning("reload: coordination changes take effect after a restart")
+            shared.fleet.attach(new.actions)
             shared.dispatcher.actions = dict(new.actions)
             shared.dispatcher.set_rules(new.rules)
             shared.dispatcher.dry_run = new.config.dry_run

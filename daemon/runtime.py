@@ -88,6 +88,7 @@ class Daemon(Shared):
             sum(len(v) for v in self.states.values()),
             firing,
         )
+        self.fleet.start()  # registered in the fleet before anything may take a slot
         await self.dispatcher.run()  # runs left unfinished by the previous process
         await self.intake.resume()
         await self._serve()
@@ -176,6 +177,7 @@ class Daemon(Shared):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.dispatcher.stop()  # a restart under way is resumed from its journal next time
+        await self.fleet.close()  # slots still held end with their leases
         if self._site_runner is not None:
             await self._site_runner.cleanup()
         await self.source.close()

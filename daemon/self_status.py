@@ -48,6 +48,7 @@ def status(shared: Shared) -> dict[str, Any]:
         "last_evaluation": shared.last_round,
         "fallbacks": shared.dispatcher.controller.status(),  # each flag: should be, why, trouble
         "waiting": shared.dispatcher.waiting,  # runs deferred or waiting for their time, and why
+        "fleet": shared.fleet.status(),  # the coordination store and this host's name in it; None: alone
         "rules": rule_rows(shared),
     }
 

@@ -13,6 +13,7 @@ from typing import Any
 from specguard.config.loading import Loaded, LoadedRule
 from specguard.daemon import systemd
 from specguard.daemon.alertmanager.book import AlertBook
+from specguard.daemon.fleet import DaemonFleet
 from specguard.daemon.overruns import Overruns
 from specguard.daemon.wiring import make_history_source, make_source
 from specguard.dispatch import Dispatcher
@@ -41,6 +42,9 @@ class Shared:
         self.dispatcher = Dispatcher(
             self.store, loaded.actions, loaded.config.dry_run, self.metrics, rules=loaded.rules
         )
+        # With a coordination: section, the disrupting actions take fleet slots first.
+        self.fleet = DaemonFleet(loaded.config.coordination, self.store)
+        self.fleet.attach(loaded.actions)
         # What Alertmanager has said, alert by alert, of the alerts some rule watches: the others
         # are only stored (a reload that adds a rule reads them back from the store).
         self.alerts = AlertBook()

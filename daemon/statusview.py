@@ -104,6 +104,9 @@ def build(status: Mapping[str, Any]) -> View:
     in_error = sorted({row["rule"] for row in status["rules"] if row.get("verdict") == "error"})
     blind += [f"rule {name} is in error" for name in in_error]
     blind += failing(status, now)
+    fleet = status.get("fleet") or {}
+    if fleet.get("unreachable_since") is not None:
+        blind.append(f"the fleet's {fleet.get('store')} cannot be reached: no new restart or fallback")
     problems += blind
     condition = Condition.UNHEALTHY if unhealthy else Condition.DEGRADED if blind else Condition.HEALTHY
     return View(
@@ -229,6 +232,14 @@ def _facts(status: Mapping[str, Any], health: Mapping[str, Any], now: float) -> 
         facts.append(("Store", Cell(f"{where}: cannot be read: {store['read_error']}", Tone.BAD)))
     else:
         facts.append(("Store", Cell(f"{where}: ok", Tone.GOOD)))
+    fleet = status.get("fleet")
+    if fleet:  # the coordination: section's store, as this host last found it
+        where = f"{fleet.get('store')} {fleet.get('url')} as {fleet.get('host')}"
+        if fleet.get("unreachable_since") is not None:
+            text = f"{where}: CANNOT BE REACHED since {clock(fleet['unreachable_since'], now)}: {fleet.get('last_error')}"
+            facts.append(("Fleet", Cell(text + "; no new restart or fallback meanwhile", Tone.BAD)))
+        else:
+            facts.append(("Fleet", Cell(f"{where}: ok", Tone.GOOD)))
     webhook = status.get("webhook")
     if webhook:
         token = "bearer token required" if webhook.get("authenticated") else "no token (loopback only)"

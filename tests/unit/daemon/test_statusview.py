@@ -370,3 +370,25 @@ def test_a_fallback_that_cannot_be_written_says_since_when_why_and_when_next() -
 def test_a_daemon_that_does_not_report_its_actions_says_so() -> None:
     view = build(document())
     assert section(view, "Actions").note == "not shown: this daemon does not report its actions"
+
+
+def test_a_fleet_store_that_cannot_be_reached_makes_it_degraded_and_says_since_when() -> None:
+    doc = document()
+    doc["fleet"] = {"store": "redis", "url": "redis://10.0.0.5:6379/0", "host": "gpu-7",
+                    "unreachable_since": doc["now"] - 90, "last_error": "Connection refused"}  # fmt: skip
+    view = build(doc)
+    assert view.condition is Condition.DEGRADED
+    assert "the fleet's redis cannot be reached: no new restart or fallback" in view.problems
+    fact = dict(view.facts)["Fleet"]
+    assert fact.tone is Tone.BAD and fact.text.startswith(
+        "redis redis://10.0.0.5:6379/0 as gpu-7: CANNOT BE REACHED since"
+    )
+    assert fact.text.endswith(": Connection refused; no new restart or fallback meanwhile"), fact.text
+    doc["fleet"]["unreachable_since"] = None
+    view = build(doc)
+    assert (
+        view.condition is Condition.HEALTHY
+        and dict(view.facts)["Fleet"].text == "redis redis://10.0.0.5:6379/0 as gpu-7: ok"
+    )
+    del doc["fleet"]
+    assert "Fleet" not in dict(build(doc).facts)  # no coordination: section, nothing said
