@@ -15,6 +15,7 @@ from specguard.cli import (
     demo,
     diagnose,
     export,
+    fleet,
     history,
     ladder,
     preflight,
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_parser(sub)
     routing.add_parser(sub)
     preflight.add_parser(sub)
+    fleet.add_parser(sub)
     return parser
 
 
@@ -105,6 +107,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tune": tune.cmd_tune,
     "routing": routing.cmd_routing,
     "preflight": preflight.cmd_preflight,
+    "fleet": fleet.cmd_fleet,
 }
 
 
