@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -225,6 +228,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument(
         "--ground-truth", type=Path, metavar="FILE", help="append every finished request as a JSON line here"
     )
+    run_group.add_argument(
+        "--lifecycle-log",
+        type=Path,
+        metavar="FILE",
+        help="append a JSON line here at each change of the server's life (loading, serving, stopping, "
+        "stopped; with the time, the pid and k): a restart's downtime, as the server saw it",
+    )
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -268,15 +278,31 @@ def run(args: argparse.Namespace) -> int:
     if ignored:
         log.info("config file: not simulated, ignored: %s", ", ".join(ignored))
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_serve(options))
+        return asyncio.run(_serve(options, getattr(args, "lifecycle_log", None)))
     return 0
 
 
-async def _serve(options: SimOptions) -> int:
+def _lifecycle(path: Path | None, event: str, k: int) -> None:
+    """One line of the lifecycle log (appended and flushed at once: a reader samples it live)."""
+    if path is None:
+        return
+    with path.open("a", encoding="utf-8") as log_file:
+        log_file.write(json.dumps({"event": event, "at": time.time(), "pid": os.getpid(), "k": k}) + "\n")
+
+
+async def _serve(options: SimOptions, lifecycle: Path | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
+    k = options.num_speculative_tokens
+
+    def stop() -> None:
+        if not stop_requested.is_set():
+            _lifecycle(lifecycle, "stopping", k)
+        stop_requested.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop_requested.set)
+        loop.add_signal_handler(signum, stop)
+    _lifecycle(lifecycle, "loading", k)
     if options.startup_delay > 0:
         log.info("loading: the port opens in %gs", options.startup_delay)
     starting = asyncio.create_task(start_simulator(options))
@@ -284,6 +310,7 @@ async def _serve(options: SimOptions) -> int:
     try:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():  # stopped while "loading"
+            _lifecycle(lifecycle, "stopped", k)
             return 0
         try:
             simulator = starting.result()
@@ -293,7 +320,7 @@ async def _serve(options: SimOptions) -> int:
                 file=sys.stderr,
             )
             return 1
-        k = options.num_speculative_tokens
+        _lifecycle(lifecycle, "serving", k)
         log.info(
             "serving %s on %s (%s%s)",
             options.model,
@@ -307,6 +334,7 @@ async def _serve(options: SimOptions) -> int:
         finally:
             closed.cancel()
         await simulator.stop()
+        _lifecycle(lifecycle, "stopped", k)
         if simulator.died:
             print(f"{PROG}: the simulated vLLM died (scenario `die`)", file=sys.stderr)
             return 1
