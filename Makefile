@@ -91,6 +91,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_collapse_detector.py --write benchmarks/results/collapse_detector.md
 	$(BIN)/python benchmarks/bench_warmup_homogeneity.py --write benchmarks/results/warmup_homogeneity.md
 	$(BIN)/python benchmarks/bench_routing.py --write benchmarks/results/routing_latency.md
+	$(BIN)/python benchmarks/bench_coordination.py --write benchmarks/results/coordination.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache
