@@ -19,7 +19,8 @@ async def test_eight_hosts_collapsing_at_once_restart_at_most_two_at_a_time(
     kind: str, tmp_path: Path
 ) -> None:
     with started_store(kind, tmp_path / "store") as store:
-        fleet = Fleet(tmp_path, 8, coordination(kind, store, max_concurrent_restarts=2))
+        # each restart takes 3 s or more (the simulator's start), so that hosts wanting one at once overlap
+        fleet = Fleet(tmp_path, 8, coordination(kind, store, max_concurrent_restarts=2), startup_delay=3.0)
         try:
             await fleet.start()
 
