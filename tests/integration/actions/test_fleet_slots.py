@@ -6,6 +6,7 @@ restore gives its slot back."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -144,6 +145,16 @@ async def test_a_fallback_past_max_in_fallback_pages_instead_and_a_restore_gives
         assert restored.ok, restored.detail
         assert await gates[0].coordinator.holders(FALLBACK) == ()
         assert (await second.engage(memories[1])).ok  # a slot is free now
+        # the store stopped: a restore needs no slot and goes on (its slot ends with its lease)
+        redis.pause()
+        try:
+            back = await second.restore_flag(memories[1], canary=False)
+            assert back.ok and "speculative decoding restored" in back.detail, back.detail
+            assert json.loads((tmp_path / "b.json").read_text()) == {"fallback": False}
+            again = await first.engage(memories[0])  # ...while a new fallback is refused, and paged
+            assert (again.ok, again.page) == (False, True) and "cannot be reached" in again.detail
+        finally:
+            redis.resume()
     finally:
         for g in gates:
             await g.coordinator.close()
