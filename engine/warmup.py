@@ -14,8 +14,11 @@ the same windows; they are let go once the detector calibrates.
 
 from __future__ import annotations
 
+import base64
 import math
+import sys
 import time
+from array import array
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,51 +31,78 @@ from specguard.rules.schema import Detect
 
 @dataclass
 class Held:
-    """The warm-up's windows, oldest first: ``[seconds after origin, S, N]`` each (the origin is
-    the first window's time until they are all let go)."""
+    """The warm-up's windows, oldest first: ``(seconds after origin, S, N)`` each (the origin is the
+    first window's time until they are all let go).
+
+    Packed: three doubles a window in one ``array('d')``, and stored as their bytes in base64 (a
+    detector's hour of 5 s windows is 720 of them, read and written again at every evaluation: as
+    lists of numbers that cost 200 bytes a window in memory and most of a round's time at 1,000
+    servers, benchmarks/results/fleet_prometheus.md). A state written as lists is still read."""
 
     origin: float | None = None
-    windows: list[list[float]] = field(default_factory=list)
+    packed: array[float] = field(default_factory=lambda: array("d"))  # t, S, N of each window in turn
 
     def __len__(self) -> int:
-        return len(self.windows)
+        return len(self.packed) // 3
+
+    @property
+    def windows(self) -> list[tuple[float, float, float]]:
+        """The windows as ``(seconds after origin, S, N)``."""
+        p = self.packed
+        return [(p[i], p[i + 1], p[i + 2]) for i in range(0, len(p), 3)]
 
     def add(self, at: float, successes: float, trials: float) -> None:
         if self.origin is None:
             self.origin = at
-        self.windows.append([round(at - self.origin, 3), round(successes, 3), round(trials, 3)])
+        self.packed.extend((round(at - self.origin, 3), round(successes, 3), round(trials, 3)))
 
     def time_of(self, index: int) -> float:
-        return (self.origin or 0.0) + self.windows[index][0]
+        return (self.origin or 0.0) + float(self.packed[3 * index])
 
     def drop(self, count: int) -> None:
         """Let the oldest ``count`` windows go."""
-        del self.windows[:count]
-        if not self.windows:
+        del self.packed[: 3 * count]
+        if not self.packed:
             self.origin = None
 
     def series(self, interval: float) -> list[Window]:
         """The windows, each marked as following the one before when it came within 1.5 intervals
         (as the detector pairs neighbours for the autocorrelation)."""
+        p = self.packed
         out: list[Window] = []
-        for index, (at, successes, trials) in enumerate(self.windows):
-            follows = index > 0 and at - self.windows[index - 1][0] <= 1.5 * interval
-            out.append(Window(successes, trials, follows))
+        for i in range(0, len(p), 3):
+            follows = i > 0 and p[i] - p[i - 3] <= 1.5 * interval
+            out.append(Window(p[i + 1], p[i + 2], follows))
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"origin": self.origin, "windows": self.windows}
+        data = self.packed if sys.byteorder == "little" else _swapped(self.packed)
+        return {"origin": self.origin, "packed": base64.b64encode(data.tobytes()).decode("ascii")}
 
     @classmethod
     def from_json(cls, raw: Any) -> Held:
+        """Read at every window, so it is kept short: anything malformed is let go whole."""
         if not isinstance(raw, Mapping):
             return cls()
-        origin, windows = raw.get("origin"), raw.get("windows")
-        try:  # read at every window, so it is kept short: a malformed list is let go whole
-            kept = [[float(t), float(s), float(n)] for t, s, n in windows or ()]
-        except (TypeError, ValueError):
-            kept = []
-        return cls(float(origin) if isinstance(origin, int | float) and kept else None, kept)
+        origin, packed = raw.get("origin"), array("d")
+        try:
+            if isinstance(raw.get("packed"), str):
+                packed.frombytes(base64.b64decode(raw["packed"], validate=True))
+                if sys.byteorder != "little":
+                    packed.byteswap()
+            else:  # as an older specguard wrote it: [[t, S, N], ...]
+                packed.extend(float(v) for t, s, n in raw.get("windows") or () for v in (t, s, n))
+        except (TypeError, ValueError):  # (binascii.Error is a ValueError; so is a length not of doubles)
+            packed = array("d")
+        if len(packed) % 3 or not all(map(math.isfinite, packed)):
+            packed = array("d")
+        return cls(float(origin) if isinstance(origin, int | float) and packed else None, packed)
+
+
+def _swapped(packed: array[float]) -> array[float]:
+    out = array("d", packed)
+    out.byteswap()
+    return out
 
 
 @dataclass

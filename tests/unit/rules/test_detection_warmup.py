@@ -24,6 +24,7 @@ from specguard.daemon.evaluation import evaluate_rule
 from specguard.daemon.status import rule_rows
 from specguard.daemon.statusview import detector_line as _detector_line
 from specguard.engine.states import series_key
+from specguard.engine.warmup import Held
 from specguard.rules.schema import Rule
 from specguard.rules.signals import Signal
 from specguard.sources.base import Series, SourceResult
@@ -308,7 +309,7 @@ async def test_a_sliding_warm_up_survives_the_store_and_is_not_said_again(
             await run.step({server: wobble(rng, COLLAPSED if w in (3, 4) else HEALTHY)})
         before = run.states[key].detector
         assert before is not None and before["homogeneous"] is False
-        assert len(before["held"]["windows"]) == 9  # the last ten but the oldest after each check
+        assert len(Held.from_json(before["held"])) == 9  # the last ten but the oldest after each check
         store = Store(tmp_path / "specguard.db")
         await store.open()
         await store.commit_evaluation("collapse", run.states, [], None)
@@ -324,7 +325,7 @@ async def test_a_sliding_warm_up_survives_the_store_and_is_not_said_again(
     d = run.detector(server)
     assert d["warming_up"] is False and d["homogeneous"] is True
     assert len(said(caplog, "does not calibrate")) == 1 and len(said(caplog, "calibrates:")) == 1
-    assert run.states[key].detector is not None and run.states[key].detector["held"]["windows"] == []
+    assert run.states[key].detector is not None and len(Held.from_json(run.states[key].detector["held"])) == 0
 
 
 async def test_a_warm_up_kept_as_sums_only_starts_again_and_says_so_once(
@@ -436,3 +437,24 @@ def test_the_eval_line_names_a_warm_up_that_is_not_homogeneous() -> None:
         "(719/720 windows); warm-up not homogeneous since 2026-12-04 12:01:00 UTC (3 checks): its "
         "windows from ..."
     )
+
+
+def test_the_held_windows_are_stored_packed_and_read_back_as_written_or_as_an_older_specguard_wrote_them() -> (
+    None
+):
+    held = Held()
+    for i in range(720):  # an hour of 5 s windows
+        held.add(1_000_000.0 + 5 * i, 100.0 + i % 7, 160.0)
+    stored = json.loads(json.dumps(held.to_json()))
+    assert set(stored) == {"origin", "packed"} and isinstance(stored["packed"], str)
+    back = Held.from_json(stored)
+    assert (back.origin, back.windows) == (held.origin, held.windows) and len(back) == 720
+    assert back.time_of(719) == 1_000_000.0 + 5 * 719
+    assert [w.follows for w in back.series(5.0)][:2] == [False, True]
+    older = {"origin": 5.0, "windows": [[0.0, 3.0, 4.0], [5.0, 2.0, 4.0]]}
+    assert Held.from_json(older).windows == [(0.0, 3.0, 4.0), (5.0, 2.0, 4.0)]
+    # anything malformed is let go whole, never half read
+    for bad in ({"origin": 5.0, "packed": "not base64!"}, {"origin": 5.0, "packed": "AAAA"},
+                {"origin": 5.0, "windows": [[0.0, 3.0]]}, {"origin": 5.0, "windows": [[0.0, "x", 4.0]]},
+                {"origin": 5.0, "windows": [[0.0, float("nan"), 4.0]]}, None, []):  # fmt: skip
+        assert (Held.from_json(bad).origin, len(Held.from_json(bad))) == (None, 0), bad
