@@ -15,8 +15,13 @@ compared with, in the same run):
   run`` builds them and run its rounds: the eight rules of the shipped pack, every one in each
   round, with a baseline file so that the latency and speedup rules read too; round i asks about the
   moment ``end - (rounds - 1 - i) * 15 s`` of the data (the source's clock). Each round's time; the
-  process's resident memory before the first round and its peak; each query's time, Prometheus's
-  share of it and the answer's size; the states the rules hold at the end.
+  process's resident memory before the first round and its peak; the CPU the daemon and Prometheus
+  used; each query's time, Prometheus's share of it and the answer's size; the states the rules
+  hold at the end; then, for the largest fleet, the round's queries one after another against all
+  at once, and a profile of three more rounds;
+- then the same daemon near the end of its collapse detector's hour of warm-up (its states filled
+  as the warm-up fills them, benchmarks/fleet_warmup.py) and 12 more rounds, in which every
+  series' warm-up ends: round times and memory again.
 
 Prometheus is stopped and every file removed at the end. Linux only (/proc). Targets for 1,000
 servers: a round under 2 s, the daemon's peak RSS under 200 MB. Run (about 3 minutes on 2 cores):

@@ -181,10 +181,10 @@ async def run_rounds(
 
 async def warm_phase(
     daemon: Daemon, timed: TimedRounds, source: CountedSource, moment: list[float], end: float, every: float,
-    count: int, short: int,
+    count: int, short: int, prometheus: int,
 ) -> dict[str, Any]:  # fmt: skip
     """A daemon near the end of its detectors' warm-up: every series ``short`` windows from it,
-    then ``count`` rounds (numbered from WARM_ROUNDS)."""
+    then ``count`` rounds (numbered from WARM_ROUNDS); ``prometheus``: its process id."""
     item = next(r for r in daemon.loaded.enabled_rules() if r.rule.detect is not None)
     detect = item.rule.detect
     assert detect is not None
@@ -195,8 +195,10 @@ async def warm_phase(
     gc.collect()
     stored = sum(len(json.dumps(s.detector)) for s in seeded.values() if s.detector is not None)
     before = memory()
-    marks = {name: len(took) for name, took in timed.took.items()}
+    marks = {name: len(seconds) for name, seconds in timed.took.items()}
+    cpu, prometheus_cpu = _cpu(), cpu_seconds(prometheus)
     took = await run_rounds(timed, source, moment, end, every, count, WARM_ROUNDS)
+    cpu_after, prometheus_after = _cpu(), cpu_seconds(prometheus)
     await daemon.dispatcher.run()
     return {
         "rule": item.name,
@@ -205,7 +207,9 @@ async def warm_phase(
         "detector_json": stored,
         "rss_before": before["VmRSS"],
         "rounds": took,
-        "rules": {name: took[marks.get(name, 0) :] for name, took in timed.took.items()},
+        "rules": {name: seconds[marks.get(name, 0) :] for name, seconds in timed.took.items()},
+        "cpu": cpu_after - cpu,
+        "prometheus_cpu": prometheus_after - prometheus_cpu,
         "rss_end": memory()["VmRSS"],
         "peak": memory()["VmHWM"],
         "states": _states(daemon.states)[0],
@@ -240,7 +244,9 @@ async def measure(
         together = await probes.one_by_one_or_together(source, last, end)
         profiled = await probes.profile(timed.evaluate_round, 3) if profile else []
         warmed = (
-            await warm_phase(daemon, timed, source, moment, end, every, warm, warm // 2) if warm else None
+            await warm_phase(daemon, timed, source, moment, end, every, warm, warm // 2, prometheus)
+            if warm
+            else None
         )
         await daemon.dispatcher.stop()
         await source.close()
