@@ -63,7 +63,7 @@ def run_fleet(count: int, end: int, args: argparse.Namespace, directory: Path, p
         written = fleet_series.write(out, count, end, int(args.minutes * 60), args.scrape_every)
     wrote = time.monotonic() - started
     size = text.stat().st_size
-    blocks = create_blocks(text, here / "data")
+    blocks, promtool_peak = create_blocks(text, here / "data")
     text.unlink()  # gigabytes for a large fleet: gone before Prometheus starts
     print(f"{count} servers: {written.series:,} series, {written.samples:,} samples "
           f"({size / 2**20:,.0f} MiB of text in {wrote:.1f} s, blocks in {blocks:.1f} s)", flush=True)  # fmt: skip
@@ -96,6 +96,7 @@ def run_fleet(count: int, end: int, args: argparse.Namespace, directory: Path, p
         measured["prometheus_memory"] = memory(prometheus.pid)
         measured["prometheus_ready"] = loaded_in
         measured["load"] = (load_before, os.getloadavg()[0])
+        measured["promtool_peak"] = promtool_peak
     log_lines = (here / "specguard.log").read_text().splitlines()
     records = [json.loads(line) for line in log_lines if line.startswith("{")]
     warnings = [r["msg"] for r in records if r.get("level") in ("warning", "error", "critical")]

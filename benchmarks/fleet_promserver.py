@@ -25,16 +25,25 @@ def binary(name: str) -> str:
     return found
 
 
-def create_blocks(openmetrics: Path, data: Path) -> float:
-    """``promtool tsdb create-blocks-from openmetrics``: the seconds it took."""
+def create_blocks(openmetrics: Path, data: Path) -> tuple[float, float]:
+    """``promtool tsdb create-blocks-from openmetrics``: the seconds it took and its peak RSS (MiB)."""
     started = time.monotonic()
-    done = subprocess.run(
-        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics), str(data)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"promtool failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return time.monotonic() - started
+    output = data.parent / "promtool.out"
+    with output.open("wb") as out:
+        process = subprocess.Popen(
+            [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics), str(data)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+    process.returncode = code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"promtool failed ({code}):\n{output.read_text(errors='replace')[-4000:]}")
+    return time.monotonic() - started, usage.ru_maxrss / 1024
 
 
 def cpu_seconds(pid: int) -> float:

@@ -77,7 +77,7 @@ def time_table(runs: list[Run]) -> list[str]:
 
 def resource_table(runs: list[Run]) -> list[str]:
     lines = [
-        "| servers | samples | OpenMetrics text, promtool's blocks | Prometheus: every series queryable after "
+        "| servers | samples | OpenMetrics text, promtool's blocks (its peak RSS) | Prometheus: every series queryable after "
         "| daemon CPU per round | Prometheus CPU per round | daemon RSS before the first round | after it "
         "| daemon peak RSS | Prometheus RSS |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -86,7 +86,8 @@ def resource_table(runs: list[Run]) -> list[str]:
         m = run.measured
         lines.append(
             f"| {run.servers:,} | {run.written.samples:,} | {run.text_bytes / MIB:,.0f} MiB in "
-            f"{run.text_seconds:.0f} s, blocks in {run.blocks_seconds:.0f} s | {m['prometheus_ready']:.1f} s | "
+            f"{run.text_seconds:.0f} s, blocks in {run.blocks_seconds:.0f} s ({m['promtool_peak']:,.0f} MiB) | "
+            f"{m['prometheus_ready']:.1f} s | "
             f"{_ms(run.per_round('cpu'))} | {_ms(run.per_round('prometheus_cpu'))} | {m['rss_before']:.0f} MiB | "
             f"{m['rss_after_first']:.0f} MiB | {m['peak']:.0f} MiB | {m['prometheus_memory']['VmRSS']:,.0f} MiB |"
         )
