@@ -23,8 +23,11 @@ compared with, in the same run):
   as the warm-up fills them, benchmarks/fleet_warmup.py) and 12 more rounds, in which every
   series' warm-up ends: round times and memory again.
 
-Prometheus is stopped and every file removed at the end. Linux only (/proc). Targets for 1,000
-servers: a round under 2 s, the daemon's peak RSS under 200 MB. Run (about 3 minutes on 2 cores):
+Prometheus is stopped and every file removed at the end. Linux only (/proc); needs Prometheus's
+``prometheus`` and ``promtool``, and for 1,000 servers about 6 GB free in the temporary directory
+(the OpenMetrics text, removed once promtool has made its blocks) and as much memory (promtool maps
+the text). Targets for 1,000 servers: a round under 2 s, the daemon's peak RSS under 200 MB. Run
+(about 2.5 minutes on 2 cores):
     .venv/bin/python benchmarks/bench_fleet_prometheus.py [--write benchmarks/results/fleet_prometheus.md]
 """
 
@@ -106,11 +109,29 @@ def run_fleet(count: int, end: int, args: argparse.Namespace, directory: Path, p
     return Run(count, written, size, wrote, blocks, measured, len(log_lines), warnings)
 
 
+def _sizes(text: str) -> list[int]:
+    """``1,100,1000``: fleet sizes, each a positive whole number."""
+    try:
+        sizes = [int(each) for each in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of whole numbers such as 1,100,1000"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every fleet needs at least one server")
+    return sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--servers", default="1,100,1000", help="fleet sizes, the first is the baseline")
+    parser.add_argument(
+        "--servers",
+        type=_sizes,
+        default=[1, 100, 1000],
+        help="fleet sizes, the first is the baseline (default 1,100,1000)",
+    )
     parser.add_argument(
         "--rounds", type=int, default=20, help="rounds per fleet (default 20): the first, then the later ones"
     )
@@ -127,7 +148,13 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of data before the end")
     parser.add_argument("--write", type=Path, help="also write the results to this markdown file")
     args = parser.parse_args()
-    counts = [int(each) for each in args.servers.split(",")]
+    counts: list[int] = args.servers
+    if args.rounds < 3:
+        parser.error("--rounds: give at least 3 (the first, then later ones to take a median of)")
+    if args.warm != 0 and args.warm < 4:
+        parser.error("--warm: give 0 (none) or at least 4 (rounds before, at and after the warm-up's end)")
+    if args.every <= 0 or args.scrape_every < 1:
+        parser.error("--every and --scrape-every must be positive")
     if (args.rounds - 1) * args.every + 300 > args.minutes * 60:
         parser.error("--minutes must hold the 5-minute windows of every round")
     end = int(time.time()) // args.scrape_every * args.scrape_every

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.fleet_findings import findings
 from benchmarks.fleet_series import Written
 
 ROUND_TARGET = 2.0  # seconds, a round over 1,000 servers
@@ -77,7 +78,7 @@ def time_table(runs: list[Run]) -> list[str]:
 
 def resource_table(runs: list[Run]) -> list[str]:
     lines = [
-        "| servers | samples | OpenMetrics text, promtool's blocks (its peak RSS) | Prometheus: every series queryable after "
+        "| servers | samples | OpenMetrics text, promtool's blocks (its peak RSS, the text it maps included) | Prometheus: every series queryable after "
         "| daemon CPU per round | Prometheus CPU per round | daemon RSS before the first round | after it "
         "| daemon peak RSS | Prometheus RSS |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -361,6 +362,8 @@ def report(runs: list[Run], args: argparse.Namespace, command: str, machine: str
             *profile_table(big),
             "",
             *warm_section(runs, args),
+            "",
+            *findings(big),
             "",
             f"## The states the rules hold after the {n} rounds of a daemon just started, {big.servers:,} servers",
             "",
