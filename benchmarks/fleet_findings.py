@@ -1,0 +1,92 @@
+"""What the fleet benchmark's numbers say would cut a round's time and the daemon's memory: each
+finding with the run's own figures and the change in specguard's code it points to."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from benchmarks.fleet_report import Run
+
+MIB = 2**20
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms"
+
+
+def findings(run: Run) -> list[str]:
+    steady = range(run.settled, len(run.rounds))
+    queries = [q for q in run.measured["queries"] if q["round"] in steady]
+    server = sum(q["server"] for q in queries) / len(steady)
+    query = sum(q["seconds"] for q in queries) / len(steady)
+    rules = sum(sum(took[run.settled :]) for took in run.measured["rules"].values()) / len(steady)
+    total = sum(run.steady) / len(steady)
+    heaviest = max(queries, key=lambda q: q["server"])
+    heavy = sum(q["server"] for q in queries if q["expr"] == heaviest["expr"]) / len(steady)
+    probe = run.measured["together"]
+    one, together = statistics.median(probe["one_by_one"]), statistics.median(probe["together"])
+    replaces = next((row["calls"] for row in run.measured["profile"] if "(replace)" in row["function"]), None)
+    items: list[str] = []
+    warm = run.measured["warm"]
+    if warm is not None:
+        check = len(warm["rounds"]) // 2 - 1
+        detector = warm["rules"][warm["rule"]]
+        per_window = (
+            (warm["rss_before"] - run.measured["rss_end"]) * MIB / max(1, warm["filled"] * warm["windows"])
+        )
+        items += [
+            f"**The collapse detector's warm-up state** (engine/warmup.py `Held`, "
+            f"engine/detector_state.py, store/commits.py). Every window of the warm-up is kept as a "
+            f"list `[t, S, N]` in each series' state, a JSON dict; at every 5 s evaluation "
+            f"`DetectorState.from_json` copies every window, `to_json` hands them back, and the store "
+            f"deletes and rewrites the rule's every state: {warm['detector_json'] / 1e6:,.1f} MB of JSON "
+            f"per evaluation near the end of the warm-up, the detector's evaluation "
+            f"{_ms(statistics.median(detector[:check]))} instead of {_ms(statistics.median(detector[check + 1 :]))} "
+            f"once calibrated, and the daemon's memory from {run.measured['peak']:.0f} MiB to "
+            f"{warm['rss_before']:.0f} MiB with the windows held and {warm['peak']:.0f} MiB at its peak "
+            f"(the old and new states of a round side by side). Keeping the windows packed (three "
+            f"`array('d')`, or one bytes field: 24 bytes a window, against the "
+            f"{per_window:,.0f} bytes a window the held lists cost here), keeping the decoded states between evaluations instead of decoding the JSON at "
+            f"each, and storing the windows as they come (a table of warm-up windows appended to, not "
+            f"each series' whole state rewritten every 5 s) would make the warm-up's cost per "
+            f"evaluation depend on the series, not on the series times the windows. Every series "
+            f"starts its warm-up with the daemon, so all of them are checked in the same round "
+            f"({_ms(detector[check])} for the detector's evaluation): spreading the checks over the "
+            f"next windows would flatten that round.",
+        ]
+    items += [
+        f"**Reads one after another** (daemon/round.py). A round reads a rule's "
+        f"signal, judges it, commits it, then reads the next: Prometheus ({_ms(server)} a round) and "
+        f"the daemon's own work ({_ms(rules - query)} for the engine, the store and the dispatcher, "
+        f"{_ms(query - server)} decoding answers) never overlap, though the machine has 2 cores. Starting "
+        f"every rule's read at the round's start (then judging and committing in order, as now) would "
+        f"overlap them; the round's {len(queries) // len(steady)} queries alone took {_ms(together)} "
+        f"all at once against {_ms(one)} one after another. The detector's four queries "
+        f"(sources/prometheus.py `_chain`) share one evaluation time and could go at once too.",
+        f"**The heaviest query** ({heaviest['rule']}: {_ms(heavy)} of Prometheus's "
+        f"{_ms(server)} a round): `{heaviest['expr']}` reads every bucket of every server over its window "
+        f"(a sample every {run.written.step} s). A Prometheus recording rule of the bucket rates, read "
+        f"by an `expr:` rule, would take it off the round (Prometheus would still do the work, on its "
+        f"own schedule).",
+    ]
+    if replaces is not None:
+        items.append(
+            f"**The engine's copies** (engine/states.py `_Stepper`): "
+            f"`dataclasses.replace` runs {replaces:,.0f} times a round, three times per series and rule "
+            f"(`data`, then `_move` twice), copying every field of the state each time (its own time "
+            f"is in the profile above); building one new state per series would do."
+        )
+    items.append(
+        f"**The status line** (daemon/self_status.py `status_line`): every round "
+        f"builds daemon/status.py `rule_rows`, a dict per series of every rule with each detector's "
+        f"`shown()` decoding its whole state, to name the rules that fire or wait: the round's work "
+        f"outside its rules was {_ms(total - rules)}. Counting the states of `shared.states` directly "
+        f"would cost next to nothing."
+    )
+    return [
+        f"## What would cut the round and the memory, {run.servers:,} servers",
+        "",
+        *(f"{i}. {item}" for i, item in enumerate(items, 1)),
+    ]
