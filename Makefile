@@ -80,7 +80,9 @@ e2e: $(STAMP) $(VLLM_STAMP)
 
 # Measured as ratios against a baseline in the same run; results are kept in benchmarks/results/.
 # bench_footprint runs three daemons for about 8 minutes; bench_routing needs nginx with its Lua module
-# and lua-cjson (about 2 minutes).
+# and lua-cjson (about 2 minutes); bench_coordination a real etcd and Redis (about 35 s);
+# bench_fleet_prometheus Prometheus and promtool, about 6 GB free in TMPDIR and as much memory
+# (about 3 minutes).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_scrape_source.py --write benchmarks/results/scrape_source.md
 	$(BIN)/python benchmarks/bench_footprint.py --write benchmarks/results/footprint.md
@@ -92,6 +94,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_warmup_homogeneity.py --write benchmarks/results/warmup_homogeneity.md
 	$(BIN)/python benchmarks/bench_routing.py --write benchmarks/results/routing_latency.md
 	$(BIN)/python benchmarks/bench_coordination.py --write benchmarks/results/coordination.md
+	$(BIN)/python benchmarks/bench_fleet_prometheus.py --write benchmarks/results/fleet_prometheus.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache
