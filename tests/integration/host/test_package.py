@@ -130,11 +130,16 @@ def test_the_sdist_carries_the_units_the_example_config_the_dashboard_and_the_do
 
 def test_the_extras_are_named_for_what_they_bring_and_the_daemon_needs_none(installed: Installed) -> None:
     metadata = installed.metadata
-    assert set(metadata["Provides-Extra"]) == {"charts", "dev", "playbook"}
+    assert set(metadata["Provides-Extra"]) == {"charts", "dev", "playbook", "fleet"}
     required = metadata["Requires-Dist"]
     assert [r for r in required if r.startswith("matplotlib")] == ['matplotlib>=3.8; extra == "charts"']
     assert [r for r in required if r.startswith("transformers")] == [
         'transformers<6,>=5.19; extra == "playbook"'
+    ]
+    # the fleet's store clients, only when a coordination: section names that store
+    assert [r for r in required if r.startswith(("redis", "etcd3gw"))] == [
+        'redis<9,>=5.0.1; extra == "fleet"',
+        'etcd3gw<3,>=2.4; extra == "fleet"',
     ]
     base = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in required if "extra ==" not in r}
     assert "aiohttp" in base and "pydantic" in base
@@ -147,12 +152,20 @@ def test_the_extras_are_named_for_what_they_bring_and_the_daemon_needs_none(inst
         "torch",
         "vllm",
         "pytest",
+        "redis",
+        "etcd3gw",
     }
-    # Installed without extras: no matplotlib, and the daemon's modules import without it.
+    # Installed without extras: no matplotlib nor the fleet's clients, and the daemon's modules import
+    # without them.
     assert installed.python("import matplotlib").returncode != 0
+    assert (
+        installed.python("import redis").returncode != 0
+        and installed.python("import etcd3gw").returncode != 0
+    )
     done = installed.python(
         "import specguard.daemon.runtime, specguard.cli, specguard.cli.entry, specguard.report.weekly, sys; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'matplotlib', 'transformers', 'torch', 'vllm'}))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'matplotlib', 'transformers', 'torch', 'vllm', 'redis', 'etcd3gw'}))"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -45,6 +45,7 @@ from tests.docs_pages import (
 MARKED = {
     ("commands.md", "synopsis"): 1,  # the synopsis of every command
     ("status.md", "synopsis"): 1,  # `specguard status` with its options in brackets
+    ("fleet.md", "synopsis"): 1,  # `specguard fleet status` with its options in brackets
     ("slack.md", "partial"): 1,  # the rule that names the action, its other keys left out
     ("vllm-restart.md", "partial"): 1,  # the same
     ("sources.md", "partial"): 1,  # an excerpt of /api/status
