@@ -31,7 +31,8 @@ from aiohttp import web
 
 from specguard.common.addresses import is_loopback
 from specguard.common.secrets import bearer_matches
-from specguard.daemon.statusview import Condition, Section, Tone, View, build, clock, match_text
+from specguard.daemon.statustext import clock, match_text
+from specguard.daemon.statusview import Condition, Section, Tone, View, build
 from specguard.dispatch import silences
 
 log = logging.getLogger("specguard.page")

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from specguard.cli.status import print_view
-from specguard.daemon.statusview import Condition, Tone, View, build, clock
+from specguard.daemon.statustext import clock
+from specguard.daemon.statusview import Condition, Tone, View, build
 
 NOW = 1_796_000_000.0
 
