@@ -168,6 +168,21 @@ class FleetGate:
             log.warning("%s: the %s could not be given back (%s): it ends with its lease", slot.owner,
                         slot.shown(), exc)  # fmt: skip
 
+    async def give_back_held(self, semaphore: str, action: str) -> None:
+        """Give back the slot ``action`` of this host holds now, under whichever token: the one its
+        change took, or a newer one the heartbeat took again after a lease was lost. (The store
+        says which; nothing of it is kept on this side.)"""
+        owner = self.owner(action)
+        try:
+            held = [h for h in await self.coordinator.holders(semaphore) if h.owner == owner]
+        except Unavailable as exc:
+            self._down(exc)
+            log.warning("%s: its %s slot could not be given back (%s): it ends with its lease", owner,
+                        semaphore, exc)  # fmt: skip
+            return
+        for h in held:
+            await self.give_back(Slot(semaphore, owner, h.token, h.since))
+
     @contextlib.asynccontextmanager
     async def keeping(self, slot: Slot) -> AsyncIterator[None]:
         """Renew ``slot``'s lease every third of its TTL while the body runs (a restart)."""

@@ -14,6 +14,7 @@ from specguard.actions import Action
 from specguard.coordination.config import CoordinationConfig
 from specguard.coordination.gate import FleetGate
 from specguard.coordination.opening import ClientMissing, open_coordinator
+from specguard.coordination.status import shown_limit
 from specguard.store.database import Store
 from specguard.store.memory import StoreMemory
 
@@ -47,9 +48,9 @@ class DaemonFleet:
             log.info(
                 "in the fleet of %s %s as %s: at most %s restarting at once%s",
                 self.gate.config.store, self.gate.config.url, self.gate.host,
-                _shown(self.gate.config.max_concurrent_restarts),
+                shown_limit(self.gate.config.max_concurrent_restarts),
                 "" if self.gate.config.max_in_fallback is None
-                else f", {_shown(self.gate.config.max_in_fallback)} in fallback",
+                else f", {shown_limit(self.gate.config.max_in_fallback)} in fallback",
             )  # fmt: skip
             self._heartbeat = asyncio.get_running_loop().create_task(self.gate.heartbeat())
 
@@ -71,13 +72,9 @@ class DaemonFleet:
             "store": c.store,
             "url": c.url,
             "host": self.gate.host,
-            "max_concurrent_restarts": _shown(c.max_concurrent_restarts),
+            "max_concurrent_restarts": shown_limit(c.max_concurrent_restarts),
             "restarts_per_hour": c.restarts_per_hour,
-            "max_in_fallback": None if c.max_in_fallback is None else _shown(c.max_in_fallback),
+            "max_in_fallback": None if c.max_in_fallback is None else shown_limit(c.max_in_fallback),
             "unreachable_since": self.gate.unavailable_since,
             "last_error": self.gate.last_error or None,
         }
-
-
-def _shown(limit: int | float) -> str:
-    return str(limit) if isinstance(limit, int) else f"{limit * 100:g}%"

@@ -47,7 +47,7 @@ from specguard.actions.sizes import ResponseSize
 from specguard.common.http import MAX_RESPONSE_SIZE
 from specguard.common.locks import named_lock
 from specguard.common.secrets import read_if_given
-from specguard.coordination.gate import FALLBACK, FleetGate, Refused, Slot
+from specguard.coordination.gate import FALLBACK, FleetGate, Refused
 from specguard.rules.durations import Duration, format_duration, format_wait
 
 STATE_KEY = "flag"
@@ -281,7 +281,6 @@ class FeatureFlagAction(Action):
                     retry_after=self.fleet.retry,
                     page=True,
                 )
-            await memory.update(STATE_KEY, lambda v: {**record_of(v), "fleet_slot": got.as_json()})
         done = await self._write(memory, ENGAGED, "the fallback is not known to be engaged")
         return done if isinstance(done, Outcome) else Outcome(True, f"fallback engaged: {done}")
 
@@ -338,10 +337,7 @@ class FeatureFlagAction(Action):
         now = self.clock()
         lasted = f" after {format_duration(round(max(0.0, now - since)))} engaged" if since else ""
         if self.fleet is not None:  # restored: the fallback slot goes back (or ends with its lease)
-            slot = Slot.from_json(record_of(await memory.read(STATE_KEY)).get("fleet_slot"))
-            if slot is not None:
-                await self.fleet.give_back(slot)
-                await memory.update(STATE_KEY, lambda v: {**record_of(v), "fleet_slot": None})
+            await self.fleet.give_back_held(FALLBACK, self.name)
         return Outcome(True, f"speculative decoding restored{lasted}: {done}{checked}")
 
     async def failed(self, memory: ActionMemory, why: str, asked: float | None = None) -> Outcome:

@@ -139,11 +139,17 @@ async def test_a_fallback_past_max_in_fallback_pages_instead_and_a_restore_gives
         assert not (tmp_path / "b.json").exists()  # the flag left as it is
         # the heartbeat keeps what the engaged flag should hold, and registers the hosts
         await gates[0].beat()
-        assert [h.owner for h in await gates[0].coordinator.holders(FALLBACK)] == ["gpu-1:fallback"]
+        (first_slot,) = await gates[0].coordinator.holders(FALLBACK)
+        assert first_slot.owner == "gpu-1:fallback"
+        # its lease lost (as while the store was down): the heartbeat takes it again, a new token
+        assert await gates[0].coordinator.release(FALLBACK, first_slot.owner, first_slot.token)
+        await gates[0].beat()
+        (again_slot,) = await gates[0].coordinator.holders(FALLBACK)
+        assert again_slot.owner == "gpu-1:fallback" and again_slot.token > first_slot.token
         assert await gates[0].coordinator.hosts() == ("gpu-1",)
         restored = await first.restore_flag(memories[0], canary=False)
         assert restored.ok, restored.detail
-        assert await gates[0].coordinator.holders(FALLBACK) == ()
+        assert await gates[0].coordinator.holders(FALLBACK) == ()  # the slot held now given back
         assert (await second.engage(memories[1])).ok  # a slot is free now
         # the store stopped: a restore needs no slot and goes on (its slot ends with its lease)
         redis.pause()
