@@ -148,6 +148,10 @@ class ChangeSteps:
             if not held.ok:
                 detail = f"k {change['from']} -> {change['to']} not started: the drain failed: {held.detail}"
                 return await self._finish(memory, change, False, detail, None)
+        if change["phase"] == "write":  # the fencing token, once more, before anything changes
+            lost = await self._slot_lost(change)
+            if lost is not None:
+                return await self._not_started(memory, change, lost)
         try:
             if change["phase"] == "write":
                 if self.p.env_file is not None:  # under the state directory: made on first use
@@ -214,6 +218,24 @@ class ChangeSteps:
             memory, change, False, detail, change["rollback_k"], change["rollback_text"]
         )
 
+    async def _slot_lost(self, change: dict[str, Any]) -> str | None:
+        """What happened to the change's fleet slot when it is no longer its own; None while it is
+        (or without a fleet)."""
+        slot = Slot.from_json(change.get("slot"))
+        return None if self.fleet is None or slot is None else await self.fleet.check(slot)
+
+    async def _not_started(self, memory: ActionMemory, change: dict[str, Any], lost: str) -> Outcome:
+        """Nothing was written: its slot ended before it (the holder paused past its lease, or the
+        store cannot confirm it). The journal closes without an answer, the drain lets go, and the
+        run is deferred: it asks for a slot again."""
+        await memory.update(STATE_KEY, lambda s: {**(s or empty_state()), "change": None})
+        if self._drain is not None:
+            self._drain.wake()
+        assert self.fleet is not None
+        detail = f"deferred: k {change['from']} -> {change['to']} not started: {lost}; tried again in {self.fleet.retry:g}s"
+        log.warning("%s: %s", self.name, detail)
+        return Outcome(False, detail, self.fleet.retry)
+
     async def _answer(
         self, memory: ActionMemory, event_id: int | None, way: str, outcome: Outcome
     ) -> Outcome:
@@ -269,7 +291,7 @@ class ChangeSteps:
         closed journal without an answer, which the firing's repeated run would take as a step
         still to make."""
         slot = Slot.from_json(change.get("slot"))
-        lost = None if self.fleet is None or slot is None else await self.fleet.check(slot)
+        lost = await self._slot_lost(change)
         if lost is not None:  # the fencing token says the slot was no longer ours: done without one
             detail += f"; done without a fleet slot: {lost}"
         ended = time.time()

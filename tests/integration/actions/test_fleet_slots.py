@@ -19,7 +19,7 @@ from specguard.actions.vllm_restart.change import STATE_KEY
 from specguard.actions.vllm_restart.server import Server
 from specguard.coordination.base import FALLBACK, RESTARTS
 from specguard.coordination.config import CoordinationConfig
-from specguard.coordination.gate import FleetGate, Slot
+from specguard.coordination.gate import FleetGate, Refused, Slot
 from specguard.coordination.opening import open_coordinator
 from specguard.store.database import Store
 from specguard.store.memory import StoreMemory
@@ -83,6 +83,46 @@ async def test_a_restart_waits_for_a_slot_takes_it_and_gives_it_back(
         host.stop()
         await ours.coordinator.close()
         await theirs.coordinator.close()
+
+
+async def test_a_slot_that_ended_before_the_step_began_stops_it_before_anything_is_written(
+    tmp_path: Path, store: Store, redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder paused past its lease between taking its slot and acting (here: the slot given
+    back under it at once): its fencing token no longer holds, so nothing is written or restarted;
+    the run is deferred and takes a slot again."""
+    host = Host(tmp_path, "env")
+    host.start()
+    ours = gate(redis, "gpu-1", max_concurrent_restarts=1)
+    try:
+        action = host.action()
+        action.coordinate(ours, StoreMemory(store, "shrink"))
+        await Server(host.url, None).wait_healthy(30)
+        take = ours.take
+
+        async def taken_then_lost(semaphore: str, name: str, incident: str) -> Slot | Refused:
+            got = await take(semaphore, name, incident)
+            assert isinstance(got, Slot)
+            await ours.give_back(got)  # its lease is over before the step begins
+            return got
+
+        monkeypatch.setattr(ours, "take", taken_then_lost)
+        stopped = await action.run(firing(store, 1))
+        assert (stopped.ok, stopped.retry_after, stopped.page) == (False, 7.0, False)
+        assert stopped.detail.startswith("deferred: k 4 -> 2 not started: its restarts slot (token "), (
+            stopped.detail
+        )
+        assert "had ended" in stopped.detail
+        assert len(host.commands()) == 1 and speculative.read_env(host.path.read_text(), "f") == DRAFT
+        assert (await StoreMemory(store, "shrink").read(STATE_KEY))["change"] is None  # the journal closed
+        monkeypatch.setattr(ours, "take", take)
+        done = await action.run(firing(store, 1))  # tried again: a slot of its own this time
+        assert done.ok and "k 4 -> 2" in done.detail and "without a fleet slot" not in done.detail, (
+            done.detail
+        )
+    finally:
+        host.stop()
+        await ours.coordinator.close()
 
 
 async def test_with_the_store_stopped_a_restart_defers_and_pages_once_per_outage(
