@@ -67,6 +67,9 @@ local function token_of(info, owner)
   if not raw then return nil end
   return tonumber(cjson.decode(raw)['token'])
 end
+local function held_under(holders, info, owner, token)
+  return redis.call('ZSCORE', holders, owner) and token_of(info, owner) == tonumber(token)
+end
 """
 
 # KEYS: holders, info, budget, tokens. ARGV: owner, limit, ttl ms, incident, budget count (0: no
@@ -121,7 +124,7 @@ _RENEW = (
     + """
 local now = now_of(ARGV[4])
 drop_ended(KEYS[1], KEYS[2], now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) or token_of(KEYS[2], ARGV[1]) ~= tonumber(ARGV[2]) then
+if not held_under(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then
   return 0
 end
 redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), ARGV[1])
@@ -135,7 +138,7 @@ _RELEASE = (
     + """
 local now = now_of(ARGV[3])
 drop_ended(KEYS[1], KEYS[2], now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) or token_of(KEYS[2], ARGV[1]) ~= tonumber(ARGV[2]) then
+if not held_under(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
