@@ -4,7 +4,8 @@ finding with the run's own figures and the change in specguard's code it points 
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from benchmarks.fleet_report import Run
@@ -16,13 +17,37 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms"
 
 
-def findings(run: Run) -> list[str]:
+@dataclass(frozen=True)
+class Split:
+    """A steady round's mean: its queries, Prometheus's time on them, their whole time (transfer
+    and decoding too), the rules' time, and the round's."""
+
+    steady: range
+    queries: list[dict[str, Any]]
+    server: float
+    query: float
+    rules: float
+    total: float
+
+
+def steady_split(run: Run) -> Split:
     steady = range(run.settled, len(run.rounds))
     queries = [q for q in run.measured["queries"] if q["round"] in steady]
-    server = sum(q["server"] for q in queries) / len(steady)
-    query = sum(q["seconds"] for q in queries) / len(steady)
-    rules = sum(sum(took[run.settled :]) for took in run.measured["rules"].values()) / len(steady)
-    total = sum(run.steady) / len(steady)
+    return Split(
+        steady,
+        queries,
+        sum(q["server"] for q in queries) / len(steady),
+        sum(q["seconds"] for q in queries) / len(steady),
+        sum(sum(took[run.settled :]) for took in run.measured["rules"].values()) / len(steady),
+        sum(run.steady) / len(steady),
+    )
+
+
+def findings(run: Run) -> list[str]:
+    split = steady_split(run)
+    steady, queries, server, query, rules, total = (
+        split.steady, split.queries, split.server, split.query, split.rules, split.total
+    )  # fmt: skip
     heaviest = max(queries, key=lambda q: q["server"])
     heavy = sum(q["server"] for q in queries if q["expr"] == heaviest["expr"]) / len(steady)
     probe = run.measured["together"]

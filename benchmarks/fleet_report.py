@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.fleet_findings import findings
+from benchmarks.fleet_findings import findings, steady_split
 from benchmarks.fleet_series import Written
 
 ROUND_TARGET = 2.0  # seconds, a round over 1,000 servers
@@ -152,12 +152,15 @@ def schedule_table(run: Run) -> list[str]:
 def where_time_goes(run: Run) -> list[str]:
     """A steady round's mean split: Prometheus, the answers' transfer and decoding, the rest of the
     rules' evaluation (engine, store, dispatch), and the round around them."""
-    steady = range(run.settled, len(run.rounds))
-    queries = [q for q in run.measured["queries"] if q["round"] in steady]
-    server = sum(q["server"] for q in queries) / len(steady)
-    query = sum(q["seconds"] for q in queries) / len(steady)
-    rules = sum(sum(took[run.settled :]) for took in run.measured["rules"].values()) / len(steady)
-    total = sum(run.steady) / len(steady)
+    split = steady_split(run)
+    steady, queries, server, query, rules, total = (
+        split.steady,
+        split.queries,
+        split.server,
+        split.query,
+        split.rules,
+        split.total,
+    )
     slowest = max(queries, key=lambda q: q["server"])
     biggest = max(queries, key=lambda q: q["size"])
     return [
