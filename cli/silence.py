@@ -16,6 +16,7 @@ from specguard.cli.shared import rulenames
 from specguard.cli.shared.options import add_config, who
 from specguard.cli.shared.printing import print_columns
 from specguard.cli.shared.statedb import state_database
+from specguard.daemon.statustext import match_text
 
 
 def add_parser(sub: Any) -> None:
@@ -148,7 +149,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
             (
                 str(item.id),
                 item.rule,
-                _match_text(item.match),
+                match_text(item.match),
                 time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item.ends)),
                 _silence_state(item, now),
                 item.author,
@@ -157,17 +158,6 @@ def cmd_silence(args: argparse.Namespace) -> int:
         )
     print_columns(table)
     return 0
-
-
-def _match_text(match: dict[str, Any]) -> str:
-    parts = []
-    for label, spec in match.items():
-        if isinstance(spec, dict):
-            ((op, value),) = spec.items()
-            parts.append(f"{label}{op}{value}")
-        else:
-            parts.append(f"{label}={spec}")
-    return ",".join(parts) or "-"
 
 
 def _silence_state(item: Any, now: float) -> str:
@@ -182,5 +172,5 @@ def _silence_line(item: Any) -> str:
     end = item.ends if item.expired is None else item.expired
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(end))
     when = f"until {stamp}" if item.expired is None else f"at {stamp}"
-    where = _match_text(item.match)
+    where = match_text(item.match)
     return f"rule {item.rule}" + (f" where {where}" if where != "-" else "") + f", {when} ({item.reason})"
