@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +123,17 @@ class Daemon:
         predicate: Callable[[dict[str, Any]], bool],
         timeout: float = 20,
         check: Callable[[], None] = lambda: None,
+        explain: Callable[[], Awaitable[str]] | None = None,
     ) -> dict[str, Any]:
         """Poll /api/status until ``predicate`` holds for it; ``check`` runs before each poll (it may
-        raise to end the wait early, as a traffic loop that failed does)."""
-        deadline = time.monotonic() + timeout
+        raise to end the wait early, as a traffic loop that failed does). On timeout the failure
+        says what the polls met, how the wall clock moved against the monotonic one, and what
+        ``explain`` says (what the test's other parts saw, such as the server's counters)."""
+        began, began_wall = time.monotonic(), time.time()
+        deadline = began + timeout
         last: Any = None
+        answered_at: float | None = None  # seconds into the wait of the last answer
+        refused, refusal = 0, ""
         while time.monotonic() < deadline:
             check()
             assert self.process is not None
@@ -141,7 +147,8 @@ class Daemon:
                 # Not yet, rather than a failure: the daemon shares a CPU with vLLM's engine core in
                 # the real-vLLM tier, and answered there in up to 2.4 s (measured).
                 pass
-            except aiohttp.ClientError:
+            except aiohttp.ClientError as exc:
+                refused, refusal = refused + 1, f"{type(exc).__name__}: {exc}"
                 await asyncio.sleep(0.2)  # not listening yet
                 continue
             self.polls.append(time.monotonic() - asked)
@@ -149,10 +156,25 @@ class Daemon:
                 last = f"no answer in {self.polls[-1]:.1f} s"
             else:
                 status, last = answer
+                answered_at = time.monotonic() - began
                 if status == 200 and predicate(last):
                     return dict(last)
             await asyncio.sleep(0.2)
+        waited, wall = time.monotonic() - began, time.time() - began_wall
+        seen = (
+            "never answered"
+            if answered_at is None
+            else f"the last answer came {answered_at:.1f} s into the wait"
+        )
+        said = ""
+        if explain is not None:
+            try:
+                said = "\n" + await explain()
+            except Exception as exc:  # the failure is the daemon's; what could not be told is said
+                said = f"\n(could not tell more: {type(exc).__name__}: {exc})"
         pytest.fail(
-            f"status never matched in {timeout:.0f} s; last: {last}; slowest poll {max(self.polls, default=0):.1f} s"
+            f"status never matched in {timeout:.0f} s; last: {last}; slowest poll {max(self.polls, default=0):.1f} s; "
+            f"{seen}; {refused} polls failed to connect{f' (last: {refusal})' if refused else ''}; "
+            f"the wall clock moved {wall:.1f} s in {waited:.1f} s{said}"
             f"\nlog:\n{self.log.read_text()[-3000:]}"
         )

@@ -20,7 +20,7 @@ import yaml
 
 from specguard.config.loading import builtin_pack, load
 from specguard.daemon.wiring import scrape_every
-from tests.e2e.realclient import VllmServer, traffic_loop
+from tests.e2e.realclient import VllmServer, metrics_text, spec_counters, traffic_loop
 from tests.processes import Daemon
 
 pytestmark = pytest.mark.real
@@ -60,15 +60,29 @@ async def test_acceptance_collapse_fires_before_the_playbook_rule_on_a_real_serv
     assert loaded.ok, loaded.problems
     every = scrape_every(loaded)
     daemon = Daemon(config, unused_tcp_port, tmp_path / "specguard.log")
+    before = spec_counters(await metrics_text(session, vllm_server.url))
+    began = time.monotonic()
     daemon.start()
     try:
-        async with traffic_loop(session, vllm_server.url, temperature=0, max_seconds=240) as cold:
+        # Bounded by time alone: a fast server must not run out of requests before the warm-up ends.
+        async with traffic_loop(
+            session, vllm_server.url, temperature=0, max_seconds=240, max_requests=10**6
+        ) as cold:
 
             def warm(body: dict[str, Any]) -> bool:
                 found = row(body, DETECTOR)
                 return found is not None and found["verdict"] == "ok" and not found["detector"]["warming_up"]
 
-            calibrated = await daemon.wait_for(warm, timeout=180, check=cold.check)
+            async def served() -> str:
+                now = spec_counters(await metrics_text(session, vllm_server.url))
+                return (
+                    f"the traffic: {cold.requests} requests in {time.monotonic() - began:.0f} s; vLLM's "
+                    f"counters moved by {now.drafts - before.drafts:.0f} drafts, "
+                    f"{now.draft_tokens - before.draft_tokens:.0f} draft tokens, "
+                    f"{now.accepted - before.accepted:.0f} accepted"
+                )
+
+            calibrated = await daemon.wait_for(warm, timeout=180, check=cold.check, explain=served)
         detector = row(calibrated, DETECTOR)
         assert detector is not None and detector["state"] == "inactive"
         switched = time.time()
