@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from specguard.common.sequential import EDGE, Dispersion
@@ -123,13 +123,16 @@ def check(
     center = weighted_median([w.alpha for w in windows], [w.trials for w in windows])
     noise = moving_range_noise(windows)
     band = max(min(drops), NOISE_MULTIPLE * noise)
-    inliers = Dispersion()
-    previous_in = False
-    for w in windows:
-        near = abs(w.alpha - center) <= band
-        if near:
-            inliers.add(w.successes, w.trials, follows=previous_in and w.follows)
-        previous_in = near
+
+    def near() -> Iterator[tuple[float, float, bool]]:
+        previous_in = False
+        for w in windows:
+            inside = abs(w.alpha - center) <= band
+            if inside:
+                yield w.successes, w.trials, previous_in and w.follows
+            previous_in = inside
+
+    inliers = Dispersion.of(near())
     phi = max(1.0, inliers.phi or 1.0)
     tests = [
         (center + sign * d, d)

@@ -32,7 +32,8 @@ Pure arithmetic, no dependencies: the daemon's detector and the actions' checks 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -135,6 +136,8 @@ def llr_arl0(trials: float, alpha0: float, alpha1: float, phi: float, h: float) 
 
 
 LAGS = (1, 2)  # the autocorrelations the long-run dispersion is read from
+_LAG_NAMES = tuple((lag, str(lag)) for lag in LAGS)  # as the JSON keys them
+_KEPT = max(LAGS)  # the windows ``recent`` keeps
 
 
 @dataclass
@@ -169,16 +172,21 @@ class Dispersion:
         self.square += successes * successes / trials
         if not follows:
             self.recent = []
-        for lag in LAGS:
-            if len(self.recent) >= lag:
-                s0, n0 = self.recent[-lag]
+        recent = self.recent  # this Dispersion's own (from_json copies what it reads)
+        for lag, name in _LAG_NAMES:
+            if len(recent) >= lag:
+                s0, n0 = recent[-lag]
                 root = math.sqrt(trials * n0)
-                sums = self.cross.setdefault(str(lag), [0.0, 0.0, 0.0, 0.0])
+                sums = self.cross.get(name)
+                if sums is None:
+                    sums = self.cross[name] = [0.0, 0.0, 0.0, 0.0]
                 sums[0] += 1
                 sums[1] += successes * s0 / root
                 sums[2] += (successes * n0 + trials * s0) / root
                 sums[3] += root
-        self.recent = [*self.recent, [successes, trials]][-max(LAGS) :]
+        recent.append([successes, trials])
+        if len(recent) > _KEPT:
+            del recent[0]
 
     @property
     def alpha(self) -> float | None:
@@ -227,8 +235,45 @@ class Dispersion:
         phi = self.window_phi
         return None if phi is None else phi * self.long_run
 
+    @classmethod
+    def of(cls, windows: Iterable[tuple[float, float, bool]]) -> Dispersion:
+        """``add`` of each ``(successes, trials, follows)`` in turn, the same sums in the same order,
+        in one loop: the warm-up's check builds one over an hour of windows, for every series."""
+        count, successes, trials, square = 0, 0.0, 0.0, 0.0
+        sums = [(lag, name, [0.0, 0.0, 0.0, 0.0]) for lag, name in _LAG_NAMES]
+        recent: list[list[float]] = []
+        for s, n, follows in windows:
+            if n <= 0:
+                continue
+            count += 1
+            successes += s
+            trials += n
+            square += s * s / n
+            if not follows:
+                recent = []
+            for lag, _, lag_sums in sums:
+                if len(recent) >= lag:
+                    s0, n0 = recent[-lag]
+                    root = math.sqrt(n * n0)
+                    lag_sums[0] += 1
+                    lag_sums[1] += s * s0 / root
+                    lag_sums[2] += (s * n0 + n * s0) / root
+                    lag_sums[3] += root
+            recent.append([s, n])
+            if len(recent) > _KEPT:
+                del recent[0]
+        cross = {name: lag_sums for _, name, lag_sums in sums if lag_sums[0]}
+        return cls(count, successes, trials, square, cross, recent)
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "windows": self.windows,
+            "successes": self.successes,
+            "trials": self.trials,
+            "square": self.square,
+            "cross": {name: list(values) for name, values in self.cross.items()},
+            "recent": [list(pair) for pair in self.recent],
+        }
 
     @classmethod
     def from_json(cls, raw: Any) -> Dispersion:

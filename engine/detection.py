@@ -49,6 +49,13 @@ from specguard.store.baseline import Baseline
 from specguard.store.records import SCHEDULE, SeriesState, State, Verdict
 
 CAP = 2.0  # G is held at CAP x h once it alarms
+# At most this many warm-ups are checked for one level in one evaluation (a check decodes the
+# warm-up's windows, an hour of them, and runs a CUSUM each way over them: a few milliseconds).
+# Series that started together end their warm-ups together: a central watch's thousand series
+# would all be checked in the same round, which then took 2.8 s of its 5 s; past this many, those
+# whose warm-up has waited longest go first and the rest wait for the next window, still warming up
+# (benchmarks/results/fleet_prometheus.md).
+CHECKS_PER_EVALUATION = 50
 
 
 def _h_of(detect: Detect, interval: float) -> float:
@@ -131,6 +138,7 @@ def judge(
     recalibrated: dict[str, str] = {}
     said: dict[str, dict[str, str]] = {"unsettled": {}, "settled": {}, "restarted": {}}
     calibration = calibration_of(detect, interval)
+    read: list[tuple[Series, str, DetectorState]] = []
     for series in answer.series:
         key = series_key(series.labels)
         old = previous.get(key)
@@ -141,6 +149,9 @@ def judge(
             state = DetectorState()
             recalibrated[key] = why
         state.calibration = calibration
+        read.append((series, key, state))
+    checked = _checked_now(detect, needed, read)
+    for series, key, state in read:
         trials = series.trials or 0.0
         if trials < detect.min_trials:
             continue  # too little evidence either way: no data, the statistic as it was
@@ -153,7 +164,8 @@ def judge(
         follows = state.seen is not None and now - state.seen <= 1.5 * interval
         state = replace(state, alpha=series.value, trials=trials, seen=now)
         if _warming(detect, state, needed):
-            _warm(detect, interval, needed, key, state, (successes, trials, follows), now, said)
+            window = (successes, trials, follows)
+            _warm(detect, interval, needed, key, state, window, now, said, key in checked)
             state.in_control = given if given is not None else state.alpha0
             state.in_control_from = _source(detect, given)
             detectors[key] = state.to_json()
@@ -217,9 +229,11 @@ def _warm(
     window: tuple[float, float, bool],
     now: float,
     said: dict[str, dict[str, str]],
+    may_check: bool = True,
 ) -> None:
-    """One more window into the warm-up; once it holds ``needed`` windows, the check: one level
-    calibrates (φ, and α0 when learned), a shift slides the warm-up on, said once in ``said``."""
+    """One more window into the warm-up; once it holds ``needed`` windows, the check (when this
+    evaluation ``may_check`` it; else at a later one): one level calibrates (φ, and α0 when
+    learned), a shift slides the warm-up on, said once in ``said``."""
     if state.warmup.windows != len(state.held):
         # Kept before the warm-up held its windows: sums alone cannot be checked for a shift.
         if state.warmup.windows:
@@ -231,7 +245,13 @@ def _warm(
     successes, trials, follows = window
     state.warmup.add(successes, trials, follows)
     state.held.add(now, successes, trials)
-    if _warming(detect, state, needed):
+    if state.warmup.windows < needed or not may_check:
+        return
+    if not state.held.readable():  # numbers that are not numbers: nothing to check them with
+        said["restarted"][key] = f"the {len(state.held)} windows of its warm-up were not read back as numbers"
+        state.warmup, state.held = Dispersion(), Held()
+        state.warmup.add(successes, trials, follows)
+        state.held.add(now, successes, trials)
         return
     windows = state.held.series(interval)
     result = examine(detect, windows)
@@ -269,9 +289,26 @@ def _source(detect: Detect, given: float | None) -> str:
 
 
 def _warming(detect: Detect, state: DetectorState, needed: int) -> bool:
-    """Whether the series still calibrates: φ (unless given) and α0 (when learned) not yet known."""
+    """Whether the series still calibrates: φ (unless given) and α0 (when learned) not yet known.
+    A warm-up that has its windows and still holds them waits for its check."""
     calibrated = detect.phi is not None and detect.in_control != "learn"
-    return not calibrated and state.warmup.windows < needed
+    return not calibrated and (state.warmup.windows < needed or len(state.held) > 0)
+
+
+def _checked_now(detect: Detect, needed: int, read: list[tuple[Series, str, DetectorState]]) -> set[str]:
+    """The series whose warm-up may be checked in this evaluation: of those due (a window with data
+    brings them to ``needed``), at most ``CHECKS_PER_EVALUATION``, those that have waited longest
+    first (the most windows), then by key."""
+    due = [
+        (-state.warmup.windows, key)
+        for series, key, state in read
+        if (series.trials or 0.0) >= detect.min_trials
+        and _warming(detect, state, needed)
+        and state.warmup.windows + 1 >= needed
+    ]
+    if len(due) <= CHECKS_PER_EVALUATION:
+        return {key for _, key in due}
+    return {key for _, key in sorted(due)[:CHECKS_PER_EVALUATION]}
 
 
 def _given_in_control(
@@ -355,6 +392,7 @@ def shown(state: SeriesState, detect: Detect, interval: float) -> dict[str, Any]
             "none: phi and in_control are given"
             if detect.phi is not None and detect.in_control != "learn"
             else f"{min(d.warmup.windows, needed)}/{needed} windows"
+            + (", waiting for its check" if d.warmup.windows >= needed and len(d.held) else "")
         ),
         "warming_up": _warming(detect, d, needed),
         # Where in_control comes from ("rule", "baseline", "warm-up"), and what the warm-up learned.

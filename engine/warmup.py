@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import base64
 import math
+import struct
 import sys
 import time
 from array import array
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from specguard.common.homogeneity import Homogeneity, Shift, Window, check, weighted_median
@@ -28,47 +29,65 @@ from specguard.common.sequential import Dispersion
 from specguard.rules.durations import format_duration
 from specguard.rules.schema import Detect
 
+# One window as the store keeps it: t (seconds after the origin), S and N, little-endian doubles.
+_WINDOW = struct.Struct("<3d")
+
 
 @dataclass
 class Held:
     """The warm-up's windows, oldest first: ``(seconds after origin, S, N)`` each (the origin is the
     first window's time until they are all let go).
 
-    Packed: three doubles a window in one ``array('d')``, and stored as their bytes in base64 (a
-    detector's hour of 5 s windows is 720 of them, read and written again at every evaluation: as
-    lists of numbers that cost 200 bytes a window in memory and most of a round's time at 1,000
-    servers, benchmarks/results/fleet_prometheus.md). A state written as lists is still read."""
+    Packed: three little-endian doubles a window, in one ``bytes``, which the store keeps as they are
+    in a column of their own (``series_state.held``). A detector's hour of 5 s windows is 720 of
+    them, and a window is added at every evaluation: they are decoded only when the warm-up is
+    checked, and an evaluation adds its window by one copy of the bytes, never decoding, encoding or
+    writing them into JSON (as lists of numbers, then as base64 in the state's JSON, they took most
+    of a round's time and memory at 1,000 servers: benchmarks/results/fleet_prometheus.md). A state
+    an older specguard wrote, with the windows in its JSON as base64 or as lists, is still read."""
 
     origin: float | None = None
-    packed: array[float] = field(default_factory=lambda: array("d"))  # t, S, N of each window in turn
+    packed: bytes = b""  # t, S, N of each window in turn
 
     def __len__(self) -> int:
-        return len(self.packed) // 3
+        return len(self.packed) // _WINDOW.size
+
+    def _values(self) -> array[float]:
+        values = array("d")
+        values.frombytes(self.packed)
+        if sys.byteorder != "little":
+            values.byteswap()
+        return values
 
     @property
     def windows(self) -> list[tuple[float, float, float]]:
         """The windows as ``(seconds after origin, S, N)``."""
-        p = self.packed
+        p = self._values()
         return [(p[i], p[i + 1], p[i + 2]) for i in range(0, len(p), 3)]
+
+    def readable(self) -> bool:
+        """Every number finite (checked when the windows are decoded for the check, not at each read)."""
+        return all(map(math.isfinite, self._values()))
 
     def add(self, at: float, successes: float, trials: float) -> None:
         if self.origin is None:
             self.origin = at
-        self.packed.extend((round(at - self.origin, 3), round(successes, 3), round(trials, 3)))
+        self.packed += _WINDOW.pack(round(at - self.origin, 3), round(successes, 3), round(trials, 3))
 
     def time_of(self, index: int) -> float:
-        return (self.origin or 0.0) + float(self.packed[3 * index])
+        offset: float = _WINDOW.unpack_from(self.packed, _WINDOW.size * index)[0]
+        return (self.origin or 0.0) + offset
 
     def drop(self, count: int) -> None:
         """Let the oldest ``count`` windows go."""
-        del self.packed[: 3 * count]
+        self.packed = self.packed[_WINDOW.size * count :]
         if not self.packed:
             self.origin = None
 
     def series(self, interval: float) -> list[Window]:
         """The windows, each marked as following the one before when it came within 1.5 intervals
         (as the detector pairs neighbours for the autocorrelation)."""
-        p = self.packed
+        p = self._values()
         out: list[Window] = []
         for i in range(0, len(p), 3):
             follows = i > 0 and p[i] - p[i - 3] <= 1.5 * interval
@@ -76,33 +95,33 @@ class Held:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        data = self.packed if sys.byteorder == "little" else _swapped(self.packed)
-        return {"origin": self.origin, "packed": base64.b64encode(data.tobytes()).decode("ascii")}
+        """The origin, and the windows as bytes: the store writes them to their own column, the
+        rest of the state as JSON (``store.commits``)."""
+        return {"origin": self.origin, "packed": self.packed}
 
     @classmethod
     def from_json(cls, raw: Any) -> Held:
-        """Read at every window, so it is kept short: anything malformed is let go whole."""
+        """Read at every window, so it is kept short (the numbers are checked when they are decoded
+        for the check): anything malformed is let go whole."""
         if not isinstance(raw, Mapping):
             return cls()
-        origin, packed = raw.get("origin"), array("d")
+        origin, given = raw.get("origin"), raw.get("packed")
+        packed = b""
         try:
-            if isinstance(raw.get("packed"), str):
-                packed.frombytes(base64.b64decode(raw["packed"], validate=True))
-                if sys.byteorder != "little":
-                    packed.byteswap()
-            else:  # as an older specguard wrote it: [[t, S, N], ...]
-                packed.extend(float(v) for t, s, n in raw.get("windows") or () for v in (t, s, n))
-        except (TypeError, ValueError):  # (binascii.Error is a ValueError; so is a length not of doubles)
-            packed = array("d")
-        if len(packed) % 3 or not all(map(math.isfinite, packed)):
-            packed = array("d")
+            if isinstance(given, bytes):  # as the store gives them back
+                packed = given
+            elif isinstance(given, str):  # base64 in the JSON, as an older specguard wrote it
+                packed = base64.b64decode(given, validate=True)
+            else:  # older still: [[t, S, N], ...]
+                values = [float(v) for t, s, n in raw.get("windows") or () for v in (t, s, n)]
+                if not all(map(math.isfinite, values)):
+                    return cls()
+                packed = b"".join(_WINDOW.pack(*values[i : i + 3]) for i in range(0, len(values), 3))
+        except (TypeError, ValueError):  # (binascii.Error is a ValueError)
+            return cls()
+        if len(packed) % _WINDOW.size:
+            return cls()
         return cls(float(origin) if isinstance(origin, int | float) and packed else None, packed)
-
-
-def _swapped(packed: array[float]) -> array[float]:
-    out = array("d", packed)
-    out.byteswap()
-    return out
 
 
 @dataclass
@@ -133,10 +152,7 @@ class Unsettled:
 
 def dispersion_of(windows: list[Window]) -> Dispersion:
     """The detector's sums over ``windows``, as if they had come one by one."""
-    sums = Dispersion()
-    for w in windows:
-        sums.add(w.successes, w.trials, w.follows)
-    return sums
+    return Dispersion.of((w.successes, w.trials, w.follows) for w in windows)
 
 
 def drops_of(detect: Detect, center: float) -> list[float]:

@@ -9,6 +9,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from specguard.store.connection import read_only, transaction
 from specguard.store.records import Event, EventRecord, PlannedRun, RunStatus, SeriesState, State, Verdict
@@ -44,10 +45,38 @@ def load_states(db: sqlite3.Connection) -> dict[str, dict[str, SeriesState]]:
             last_data=row["last_data"],
             last_seen=row["last_seen"],
             moved_by=row["moved_by"],
-            # An older database read without its upgrade (eval, read-only) has no detector column.
-            detector=json.loads(row["detector"]) if "detector" in row.keys() and row["detector"] else None,  # noqa: SIM118 (a Row's `in` looks at values)
+            detector=_detector_of(row),
         )
     return out
+
+
+def _detector_of(row: sqlite3.Row) -> dict[str, Any] | None:
+    """The detector's state as the engine wrote it: its JSON, with the warm-up's windows (bytes, in
+    their own column) put back. An older database read without its upgrade (eval, read-only) may
+    have neither column."""
+    columns = row.keys()
+    if "detector" not in columns or not row["detector"]:
+        return None
+    detector: dict[str, Any] = json.loads(row["detector"])
+    held = detector.get("held")
+    if "held" in columns and row["held"] is not None and isinstance(held, dict):
+        held["packed"] = bytes(row["held"])
+    return detector
+
+
+def stored_form(detector: Mapping[str, Any] | None) -> tuple[str | None, bytes | None]:
+    """The detector's state as the store keeps it: JSON, and the warm-up's windows as they are (the
+    bytes the engine packed; an hour of them is 17 KB a series, rewritten at every window, which
+    JSON would copy and grow by a third)."""
+    if detector is None:
+        return None, None
+    held = detector.get("held")
+    packed = held.get("packed") if isinstance(held, Mapping) else None
+    if not isinstance(packed, bytes):
+        return json.dumps(dict(detector), sort_keys=True), None
+    assert isinstance(held, Mapping)
+    rest = {**detector, "held": {k: v for k, v in held.items() if k != "packed"}}
+    return json.dumps(rest, sort_keys=True), packed
 
 
 def commit(
@@ -70,7 +99,7 @@ def commit(
         db.executemany(
             "INSERT OR REPLACE INTO series_state (rule, series, labels, state, since, breach_since, last_breach, "
             "consecutive, verdict, value, threshold, error, last_eval, ok_since, last_data, last_seen, "
-            "moved_by, detector) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "moved_by, detector, held) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (
                     rule,
@@ -90,7 +119,7 @@ def commit(
                     s.last_data,
                     s.last_seen,
                     s.moved_by,
-                    json.dumps(dict(s.detector), sort_keys=True) if s.detector is not None else None,
+                    *stored_form(s.detector),
                 )
                 for key, s in states.items()
             ],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Columns each schema version added to a table, so an older database is brought up to date.
 _COLUMNS_SINCE = {
     2: (
@@ -18,6 +18,8 @@ _COLUMNS_SINCE = {
     5: (("events", "since REAL"),),
     7: (("series_state", "detector TEXT"),),
     8: (("action_runs", "admitted REAL"),),
+    # A detector's warm-up windows, packed (they were base64 in the detector's JSON before).
+    9: (("series_state", "held BLOB"),),
 }
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -25,7 +27,7 @@ CREATE TABLE IF NOT EXISTS series_state (
     rule TEXT NOT NULL, series TEXT NOT NULL, labels TEXT NOT NULL, state TEXT NOT NULL,
     since REAL, breach_since REAL, last_breach REAL, consecutive INTEGER NOT NULL,
     verdict TEXT, value REAL, threshold REAL, error TEXT, last_eval REAL,
-    ok_since REAL, last_data REAL, last_seen REAL, moved_by TEXT, detector TEXT,
+    ok_since REAL, last_data REAL, last_seen REAL, moved_by TEXT, detector TEXT, held BLOB,
     PRIMARY KEY (rule, series)
 );
 CREATE TABLE IF NOT EXISTS events (

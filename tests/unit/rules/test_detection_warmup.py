@@ -6,10 +6,14 @@ of warm-up) and on short warm-ups elsewhere.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import math
 import random
 import re
+import sqlite3
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,8 @@ from specguard.config.loading import LoadedRule, load
 from specguard.daemon.evaluation import evaluate_rule
 from specguard.daemon.status import rule_rows
 from specguard.daemon.statusview import detector_line as _detector_line
+from specguard.engine import detection
+from specguard.engine.detector_state import DetectorState
 from specguard.engine.states import series_key
 from specguard.engine.warmup import Held
 from specguard.rules.schema import Rule
@@ -318,7 +324,10 @@ async def test_a_sliding_warm_up_survives_the_store_and_is_not_said_again(
         await reopened.open()
         loaded = (await reopened.load_states())["collapse"][key]
         await reopened.close()
-        assert loaded.detector == json.loads(json.dumps(before))
+        assert loaded.detector == before  # the windows' bytes as they were, in their own column
+        with sqlite3.connect(tmp_path / "specguard.db") as db:
+            text, packed = db.execute("SELECT detector, held FROM series_state").fetchone()
+        assert packed == before["held"]["packed"] and "packed" not in json.loads(text)["held"]
         run.states = {key: loaded}  # a restarted daemon
         for _ in range(3):  # the collapse slides out with the third window
             await run.step({server: wobble(rng, HEALTHY)})
@@ -445,16 +454,60 @@ def test_the_held_windows_are_stored_packed_and_read_back_as_written_or_as_an_ol
     held = Held()
     for i in range(720):  # an hour of 5 s windows
         held.add(1_000_000.0 + 5 * i, 100.0 + i % 7, 160.0)
-    stored = json.loads(json.dumps(held.to_json()))
-    assert set(stored) == {"origin", "packed"} and isinstance(stored["packed"], str)
+    stored = held.to_json()
+    # three little-endian doubles a window, whatever the machine
+    assert set(stored) == {"origin", "packed"} and len(stored["packed"]) == 720 * 24
+    assert struct.unpack_from("<3d", stored["packed"], 24 * 719) == (5.0 * 719, 100.0 + 719 % 7, 160.0)
     back = Held.from_json(stored)
     assert (back.origin, back.windows) == (held.origin, held.windows) and len(back) == 720
-    assert back.time_of(719) == 1_000_000.0 + 5 * 719
+    assert back.time_of(719) == 1_000_000.0 + 5 * 719 and back.readable()
     assert [w.follows for w in back.series(5.0)][:2] == [False, True]
+    # as older versions wrote them into the state's JSON: base64 of the same bytes, or lists
+    base64_json = json.loads(
+        json.dumps({"origin": held.origin, "packed": base64.b64encode(held.packed).decode()})
+    )
+    assert Held.from_json(base64_json).windows == held.windows
     older = {"origin": 5.0, "windows": [[0.0, 3.0, 4.0], [5.0, 2.0, 4.0]]}
     assert Held.from_json(older).windows == [(0.0, 3.0, 4.0), (5.0, 2.0, 4.0)]
+    back.drop(718)
+    assert len(back) == 2 and back.time_of(0) == 1_000_000.0 + 5 * 718
+    back.drop(2)
+    assert (back.origin, len(back)) == (None, 0)
+    # numbers that are not: told when the windows are decoded for the check
+    assert not Held.from_json({"origin": 5.0, "packed": struct.pack("<3d", 0.0, math.nan, 4.0)}).readable()
     # anything malformed is let go whole, never half read
     for bad in ({"origin": 5.0, "packed": "not base64!"}, {"origin": 5.0, "packed": "AAAA"},
+                {"origin": 5.0, "packed": b"\x00" * 23},
                 {"origin": 5.0, "windows": [[0.0, 3.0]]}, {"origin": 5.0, "windows": [[0.0, "x", 4.0]]},
                 {"origin": 5.0, "windows": [[0.0, float("nan"), 4.0]]}, None, []):  # fmt: skip
         assert (Held.from_json(bad).origin, len(Held.from_json(bad))) == (None, 0), bad
+
+
+async def test_series_that_end_their_warm_ups_together_are_checked_a_batch_a_window_longest_waiting_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A central watch's series started together end their warm-ups in the same window: at most
+    CHECKS_PER_EVALUATION are checked in it, the rest wait a window (still warming up, and shown
+    waiting for their check) with their windows kept, those that waited longest going first."""
+    monkeypatch.setattr(detection, "CHECKS_PER_EVALUATION", 3)
+    run = Run(short())
+    rng = random.Random(9)
+    servers = [f"vllm-{i}:8000" for i in range(7)]
+    late = servers[6]
+    for w in range(10):  # ten windows each; the last server starts a window later
+        await run.step({s: wobble(rng, HEALTHY) for s in servers if s != late or w > 0})
+    warming = {s for s in servers if run.detector(s)["warming_up"]}
+    assert len(warming) == 4 and late in warming  # three of the six due were checked
+    shown = run.detector(sorted(warming - {late})[0])["warmup"]
+    assert shown == "10/10 windows, waiting for its check"
+    await run.step({s: wobble(rng, HEALTHY) for s in servers})
+    # the three that waited (eleven windows) go before the late one (ten)
+    assert {s for s in servers if run.detector(s)["warming_up"]} == {late}
+    waited = detector_state(run, sorted(warming - {late})[0])
+    assert waited.warmup.windows == 11 and waited.alpha0 is not None  # calibrated on all it held
+    await run.step({s: wobble(rng, HEALTHY) for s in servers})
+    assert not any(run.detector(s)["warming_up"] for s in servers)
+
+
+def detector_state(run: Run, server: str) -> DetectorState:
+    return DetectorState.from_json(run.states[series_key(labels_of(server))].detector)
