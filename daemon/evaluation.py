@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
+from typing import Any
 
 from specguard.config.loading import LoadedRule
 from specguard.daemon.alertmanager.book import AlertBook, Receipt
@@ -46,11 +47,13 @@ async def evaluate_rule(
     alerts: AlertBook | None = None,
     trigger: str = SCHEDULE,
     touched: Iterable[Receipt] | None = None,
+    ahead: Awaitable[SourceResult] | None = None,
 ) -> tuple[Outcome, SourceResult]:
     """The engine's outcome, and the source's answer it was computed from.
 
     An alert rule reads ``alerts`` and its outcome holds only the series it evaluated (see
-    evaluate_alert_rule); ``trigger`` says what asked for this evaluation.
+    evaluate_alert_rule); ``trigger`` says what asked for this evaluation; ``ahead``: the reading
+    ``reading_of`` gave, asked for before (a round asks for all its rules' readings at once).
     """
     if item.rule.alert_only:
         if alerts is None:
@@ -61,14 +64,29 @@ async def evaluate_rule(
     window = window_of(item, interval)
     detect = item.rule.detect
     if detect is not None:  # one window per evaluation: the rule's interval
-        reading = await read(item, source, baseline, window)
+        reading = await (ahead if ahead is not None else read(item, source, baseline, window))
         outcome, judged = detection.evaluate(detect, window, spec, reading, previous, baseline, now, trigger)
         _say_detectors(item.name, judged)
         return outcome, reading
     threshold = thresholds(item, baseline)
     # Not read when the threshold cannot be known: the rule's error is the missing baseline.
-    reading = await read(item, source, baseline, window) if not isinstance(threshold, str) else SourceResult()
+    if isinstance(threshold, str):
+        reading = SourceResult()
+    else:
+        reading = await (ahead if ahead is not None else read(item, source, baseline, window))
     return evaluate(spec, reading, threshold, previous, now, trigger), reading
+
+
+def reading_of(
+    item: LoadedRule, source: Source, baseline: Baseline | None, interval: float
+) -> Coroutine[Any, Any, SourceResult] | None:
+    """What ``evaluate_rule`` reads from the source for ``item``, to be asked for ahead of it; None
+    when it reads nothing there (an alert rule, or a threshold that cannot be known)."""
+    if item.rule.alert_only:
+        return None
+    if item.rule.detect is None and isinstance(thresholds(item, baseline), str):
+        return None
+    return read(item, source, baseline, window_of(item, interval))
 
 
 def window_of(item: LoadedRule, interval: float) -> float:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 
 from specguard.config.loading import LoadedRule
 from specguard.daemon.alertmanager.book import Receipt
-from specguard.daemon.evaluation import evaluate_rule
+from specguard.daemon.evaluation import evaluate_rule, reading_of
 from specguard.daemon.self_status import tell_status
 from specguard.daemon.shared import Shared
 from specguard.engine.states import Outcome
@@ -34,6 +35,7 @@ class Rounds:
         self._locks: dict[str, asyncio.Lock] = {}  # one evaluation of a rule at a time
         self.first_done = asyncio.Event()  # every rule evaluated once since the start: READY=1
         self._unevaluated: set[str] = set()  # rules not yet evaluated since the start
+        self._judged_at: dict[str, float] = {}  # when each rule's last evaluation began
 
     def interval_of(self, item: LoadedRule) -> float:
         """The interval ``item`` is evaluated at: its own, or the config's."""
@@ -67,17 +69,16 @@ class Rounds:
         ]
         if shared.store_error is not None:
             await self._retry_store()
-        for item in rules:
-            try:
-                await self.evaluate_one(item)
-            except StoreError as exc:
-                shared.store_failed(str(exc))
-            except Exception as exc:  # one rule's failure must not stop the others
-                log.exception("rule %s: evaluation failed", item.name)
-                shared.metrics.evaluations.labels(item.name, Verdict.ERROR.value).inc()
-                self.note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
-            finally:
-                self._evaluated(item.name)  # a failed evaluation is a verdict too: it must not hold READY
+        asked = time.time()
+        ahead = self._ask_ahead(rules)
+        try:
+            await self._each(rules, ahead, asked)
+        finally:
+            for task in ahead.values():  # a round cut off leaves nothing running
+                if not task.done():
+                    task.cancel()
+                elif not task.cancelled():
+                    task.exception()  # a reading no evaluation took is let go, said or not
         label = format_duration(interval) if interval else "all"
         shared.metrics.evaluation_duration.labels(label).observe(took := time.monotonic() - started)
         shared.overruns.ran(label, took, interval)
@@ -88,17 +89,63 @@ class Rounds:
         tell_status(shared)
         shared.dispatcher.wake()  # the flags are looked at against the states this round left
 
-    async def evaluate_one(
-        self, item: LoadedRule, trigger: str = SCHEDULE, touched: Sequence[Receipt] | None = None
+    def _ask_ahead(self, rules: Sequence[LoadedRule]) -> dict[str, asyncio.Task[SourceResult]]:
+        """Each rule's reading asked for at once, when the source's answers come over the network
+        (``reads_ahead``: Prometheus); the rules are still judged and stored one after another, in
+        order, each as its answer comes, so the engine's work overlaps the source's. A source that
+        answers from memory (the scrape source) is read as each rule is evaluated."""
+        shared = self.shared
+        if not getattr(shared.source, "reads_ahead", False):
+            return {}
+        ahead: dict[str, asyncio.Task[SourceResult]] = {}
+        for item in rules:
+            reading = reading_of(item, shared.source, shared.loaded.baseline, self.interval_of(item))
+            if reading is not None:
+                ahead[item.name] = asyncio.create_task(reading)
+        return ahead
+
+    async def _each(
+        self, rules: Sequence[LoadedRule], ahead: Mapping[str, asyncio.Task[SourceResult]], asked: float
     ) -> None:
+        shared = self.shared
+        for item in rules:
+            try:
+                await self.evaluate_one(item, ahead=ahead.get(item.name), asked=asked)
+            except StoreError as exc:
+                shared.store_failed(str(exc))
+            except Exception as exc:  # one rule's failure must not stop the others
+                log.exception("rule %s: evaluation failed", item.name)
+                shared.metrics.evaluations.labels(item.name, Verdict.ERROR.value).inc()
+                self.note_error(item.name, f"evaluation failed: {type(exc).__name__}: {exc}")
+            finally:
+                self._evaluated(item.name)  # a failed evaluation is a verdict too: it must not hold READY
+
+    async def evaluate_one(
+        self,
+        item: LoadedRule,
+        trigger: str = SCHEDULE,
+        touched: Sequence[Receipt] | None = None,
+        ahead: Awaitable[SourceResult] | None = None,
+        asked: float = 0.0,
+    ) -> None:
+        """``ahead``: its reading, asked for already at ``asked`` (``_ask_ahead``)."""
         # The schedule and a webhook delivery may both want the rule: one after the other, each
         # on the states the other left.
         lock = self._locks.setdefault(item.name, asyncio.Lock())
         async with lock:
-            await self._evaluate_locked(item, time.time(), trigger, touched)
+            if ahead is not None and self._judged_at.get(item.name, -math.inf) >= asked:
+                ahead = None  # judged since on a fresher reading (a delivery's): read again, never back
+            now = time.time()
+            self._judged_at[item.name] = now
+            await self._evaluate_locked(item, now, trigger, touched, ahead)
 
     async def _evaluate_locked(
-        self, item: LoadedRule, now: float, trigger: str, touched: Sequence[Receipt] | None = None
+        self,
+        item: LoadedRule,
+        now: float,
+        trigger: str,
+        touched: Sequence[Receipt] | None = None,
+        ahead: Awaitable[SourceResult] | None = None,
     ) -> None:
         shared = self.shared
         name = item.name
@@ -114,6 +161,7 @@ class Rounds:
             alerts=shared.alerts,
             trigger=trigger,
             touched=touched,
+            ahead=ahead,
         )
         for key in outcome.forgotten:
             old = previous.get(key)

@@ -142,7 +142,10 @@ class SourceResult:
 
 
 class Source(Protocol):
-    """A place signals come from. Implementations never raise for a failed query: they say so."""
+    """A place signals come from. Implementations never raise for a failed query: they say so.
+
+    A source whose answers come over the network sets ``reads_ahead = True``: the daemon's round
+    then asks for all its rules' readings at once, and judges each as its answer comes."""
 
     kind: str  # "scrape" or "prometheus"
 

@@ -49,6 +49,8 @@ class PrometheusSource:
     """Signals and raw PromQL from Prometheus. A failed query is an answer, never an exception."""
 
     kind = "prometheus"
+    # Its answers come over the network: a round asks for every rule's reading at once (daemon/round.py).
+    reads_ahead = True
 
     def __init__(
         self,
