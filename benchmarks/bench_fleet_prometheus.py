@@ -20,8 +20,10 @@ compared with, in the same run):
   hold at the end; then, for the largest fleet, the round's queries one after another against all
   at once, and a profile of three more rounds;
 - then the same daemon near the end of its collapse detector's hour of warm-up (its states filled
-  as the warm-up fills them, benchmarks/fleet_warmup.py) and 12 more rounds, in which every
-  series' warm-up ends: round times and memory again.
+  as the warm-up fills them, benchmarks/fleet_warmup.py) and more rounds, a detector's window
+  apart: 5 before the warm-ups are complete, those in which they are checked (at most
+  ``CHECKS_PER_EVALUATION`` an evaluation: 20 for 1,000 servers) and 6 after: round times and
+  memory again.
 
 Prometheus is stopped and every file removed at the end. Linux only (/proc); needs Prometheus's
 ``prometheus`` and ``promtool``, and for 1,000 servers about 6 GB free in the temporary directory

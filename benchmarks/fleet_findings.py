@@ -4,6 +4,7 @@ finding with the run's own figures and the change in specguard's code it points 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,52 +44,50 @@ def steady_split(run: Run) -> Split:
     )
 
 
+def phase_ranges(warm: Mapping[str, Any]) -> tuple[range, range, range]:
+    """The warm phase's rounds before any warm-up is complete, while they are checked, and after."""
+    phases = warm["phases"]
+    return range(*phases["before"]), range(*phases["checking"]), range(*phases["after"])
+
+
 def findings(run: Run) -> list[str]:
     split = steady_split(run)
-    steady, queries, server, query, rules, total = (
-        split.steady, split.queries, split.server, split.query, split.rules, split.total
-    )  # fmt: skip
+    steady, queries, server, rules, total = (
+        split.steady,
+        split.queries,
+        split.server,
+        split.rules,
+        split.total,
+    )
     heaviest = max(queries, key=lambda q: q["server"])
     heavy = sum(q["server"] for q in queries if q["expr"] == heaviest["expr"]) / len(steady)
-    probe = run.measured["together"]
-    one, together = statistics.median(probe["one_by_one"]), statistics.median(probe["together"])
     replaces = next((row["calls"] for row in run.measured["profile"] if "(replace)" in row["function"]), None)
     items: list[str] = []
     warm = run.measured["warm"]
     if warm is not None:
-        check = len(warm["rounds"]) // 2 - 1
+        before, checking, after = phase_ranges(warm)
         detector = warm["rules"][warm["rule"]]
         per_window = (
             (warm["rss_before"] - run.measured["rss_end"]) * MIB / max(1, warm["filled"] * warm["windows"])
         )
         items += [
-            f"**The collapse detector's warm-up state** (engine/warmup.py `Held`, "
-            f"engine/detector_state.py, store/commits.py). Every window of the warm-up is held in each "
-            f"series' state, packed (three doubles a window, stored as base64: "
-            f"{per_window:,.0f} bytes a window in memory here); at every 5 s evaluation the state is "
-            f"decoded and encoded again, and the store deletes and rewrites the rule's every state: "
-            f"{warm['detector_json'] / 1e6:,.1f} MB of JSON per evaluation near the end of the warm-up, "
-            f"the detector's evaluation {_ms(statistics.median(detector[:check]))} instead of "
-            f"{_ms(statistics.median(detector[check + 1 :]))} once calibrated, and the daemon's memory "
-            f"from {run.measured['peak']:.0f} MiB to {warm['rss_before']:.0f} MiB with the windows held "
-            f"and {warm['peak']:.0f} MiB at its peak (the old and new states of a round side by side). "
-            f"Keeping the decoded states between evaluations instead of decoding them at each, and "
-            f"storing the windows as they come (a table of warm-up windows appended to, not each "
-            f"series' whole state rewritten every 5 s) would make the warm-up's cost per evaluation "
-            f"depend on the series, not on the series times the windows. Every series starts its "
-            f"warm-up with the daemon, so all of them are checked in the same round "
-            f"({_ms(detector[check])} for the detector's evaluation): spreading the checks over the "
-            f"next windows would flatten that round.",
+            f"**The collapse detector's warm-up** (engine/warmup.py `Held`, engine/detection.py, "
+            f"store/commits.py). Every window of the warm-up is held in each series' state, packed (24 "
+            f"bytes a window; {per_window:,.0f} bytes a window of the daemon's memory here), and "
+            f"decoded only for the check; an evaluation adds its window by one copy of those bytes, and "
+            f"the store writes them to their own column, not into the state's JSON: "
+            f"{warm['stored_json'] / 1e6:,.1f} MB of JSON and {warm['stored_windows'] / 1e6:,.1f} MB of "
+            f"windows per evaluation near the end of the warm-up. The detector's evaluation took "
+            f"{_ms(statistics.median(detector[i] for i in before))} then, against "
+            f"{_ms(statistics.median(detector[i] for i in after))} once calibrated, and up to "
+            f"{_ms(max(detector[i] for i in checking))} in the {len(checking)} "
+            f"round{'s' if len(checking) != 1 else ''} that checked up to {warm['checks_per_evaluation']} "
+            f"warm-ups each (a check is the windows decoded and a CUSUM "
+            f"each way over them, in Python). Storing the windows as they come (a table appended to, "
+            f"not each series' windows rewritten every 5 s) would make the store's share depend on the "
+            f"series alone; it is {warm['stored_windows'] / 1e6:,.1f} MB a round here.",
         ]
     items += [
-        f"**Reads one after another** (daemon/round.py). A round reads a rule's "
-        f"signal, judges it, commits it, then reads the next: Prometheus ({_ms(server)} a round) and "
-        f"the daemon's own work ({_ms(rules - query)} for the engine, the store and the dispatcher, "
-        f"{_ms(query - server)} decoding answers) never overlap, though the machine has 2 cores. Starting "
-        f"every rule's read at the round's start (then judging and committing in order, as now) would "
-        f"overlap them; the round's {len(queries) // len(steady)} queries alone took {_ms(together)} "
-        f"all at once against {_ms(one)} one after another. The detector's four queries "
-        f"(sources/prometheus.py `_chain`) share one evaluation time and could go at once too.",
         f"**The heaviest query** ({heaviest['rule']}: {_ms(heavy)} of Prometheus's "
         f"{_ms(server)} a round): `{heaviest['expr']}` reads every bucket of every server over its window "
         f"(a sample every {run.written.step} s). A Prometheus recording rule of the bucket rates, read "

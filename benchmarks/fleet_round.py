@@ -13,8 +13,9 @@ each rule's time). Rounds run back to back.
 
 After the measured rounds: the last round's queries asked one after another and all at once; with
 ``--profile``, three more rounds under cProfile; with ``--warm N``, a daemon near the end of its
-collapse detector's warm-up (benchmarks/fleet_warmup.py: every series N / 2 windows from it) and N
-more rounds, in which the warm-up ends.
+collapse detector's warm-up (benchmarks/fleet_warmup.py: every series N / 2 windows from it) and
+rounds a detector's window apart: N / 2 - 1 before the warm-ups are complete, those in which they
+are checked (at most ``CHECKS_PER_EVALUATION`` a round), and N / 2 after.
 
     python benchmarks/fleet_round.py CONFIG --end UNIX_SECONDS --log FILE --prometheus-pid PID
         [--rounds 20] [--every 15] [--profile] [--warm N]
@@ -26,10 +27,12 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import resource
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +48,15 @@ from specguard.config.loading import LoadedRule, load
 from specguard.daemon.alertmanager.book import Receipt
 from specguard.daemon.round import Rounds
 from specguard.daemon.runtime import Daemon
-from specguard.engine.detection import warmup_windows
+from specguard.engine.detection import CHECKS_PER_EVALUATION, warmup_windows
+from specguard.engine.warmup import Held
 from specguard.sources.base import SourceResult
 from specguard.sources.prometheus import PrometheusSource
+from specguard.store.commits import stored_form
 from specguard.store.records import SCHEDULE, SeriesState, State
 
 WARM_ROUNDS = 1000  # the number of the warm-up phase's first round
+RULE: ContextVar[str] = ContextVar("rule", default="")  # the rule a query is asked for
 
 
 @dataclass
@@ -71,7 +77,6 @@ class CountedSource(PrometheusSource):
         super().__init__(*args, **kwargs)
         self.queries: list[Query] = []
         self.round = 0
-        self.rule = ""
         self._answers: dict[str, tuple[float, int]] = {}
         self._client._session.hooks["response"].append(self._answered)
 
@@ -87,7 +92,7 @@ class CountedSource(PrometheusSource):
         took = time.perf_counter() - started
         server, size = self._answers.pop(expr, (0.0, 0))
         series = len(answer) if isinstance(answer, list) else -1
-        self.queries.append(Query(self.round, self.rule, expr, took, server, size, series))
+        self.queries.append(Query(self.round, RULE.get(), expr, took, server, size, series))
         return answer
 
 
@@ -98,14 +103,34 @@ class TimedRounds(Rounds):
         super().__init__(*args, **kwargs)
         self.took: dict[str, list[float]] = {}
 
+    def _ask_ahead(self, rules: Sequence[LoadedRule]) -> dict[str, asyncio.Task[SourceResult]]:
+        """As the daemon's, each reading's task started with its rule's name in RULE (a task keeps
+        the context it was made in), so that its queries are counted for the rule."""
+        ahead: dict[str, asyncio.Task[SourceResult]] = {}
+        for item in rules:
+            token = RULE.set(item.name)
+            try:
+                ahead.update(super()._ask_ahead([item]))
+            finally:
+                RULE.reset(token)
+        return ahead
+
     async def evaluate_one(
-        self, item: LoadedRule, trigger: str = SCHEDULE, touched: Sequence[Receipt] | None = None
+        self,
+        item: LoadedRule,
+        trigger: str = SCHEDULE,
+        touched: Sequence[Receipt] | None = None,
+        ahead: Awaitable[SourceResult] | None = None,
+        asked: float = 0.0,
     ) -> None:
-        source = self.shared.source
-        if isinstance(source, CountedSource):
-            source.rule = item.name
+        """Its time: waiting for its reading (asked for at the round's start), the engine, the store,
+        the dispatch."""
+        token = RULE.set(item.name)
         started = time.perf_counter()
-        await super().evaluate_one(item, trigger, touched)
+        try:
+            await super().evaluate_one(item, trigger, touched, ahead, asked)
+        finally:
+            RULE.reset(token)
         self.took.setdefault(item.name, []).append(time.perf_counter() - started)
 
 
@@ -167,8 +192,10 @@ async def run_rounds(
     every: float,
     count: int,
     first: int,
+    after: Callable[[], None] = lambda: None,
 ) -> list[float]:
-    """``count`` rounds, back to back, the last at ``end``; numbered from ``first``."""
+    """``count`` rounds, back to back, the last at ``end``; numbered from ``first``; ``after`` runs
+    after each (outside its time)."""
     took = []
     for i in range(count):
         moment[0] = end - (count - 1 - i) * every
@@ -176,35 +203,59 @@ async def run_rounds(
         started = time.perf_counter()
         await timed.evaluate_round()
         took.append(time.perf_counter() - started)
+        after()
     return took
 
 
 async def warm_phase(
-    daemon: Daemon, timed: TimedRounds, source: CountedSource, moment: list[float], end: float, every: float,
-    count: int, short: int, prometheus: int,
+    daemon: Daemon, timed: TimedRounds, source: CountedSource, moment: list[float], end: float,
+    short: int, after: int, prometheus: int,
 ) -> dict[str, Any]:  # fmt: skip
     """A daemon near the end of its detectors' warm-up: every series ``short`` windows from it,
-    then ``count`` rounds (numbered from WARM_ROUNDS); ``prometheus``: its process id."""
+    then rounds a detector's window apart (numbered from WARM_ROUNDS): ``short - 1`` before any
+    warm-up is complete, those in which the warm-ups are checked (``CHECKS_PER_EVALUATION`` a round),
+    and ``after`` more; ``prometheus``: its process id."""
     item = next(r for r in daemon.loaded.enabled_rules() if r.rule.detect is not None)
     detect = item.rule.detect
     assert detect is not None
-    seeded, filled = fleet_warmup.near_the_end(
-        daemon.states[item.name], detect, timed.interval_of(item), short
-    )
+    window = timed.interval_of(item)
+    seeded, filled = fleet_warmup.near_the_end(daemon.states[item.name], detect, window, short)
     daemon.states[item.name] = seeded
     gc.collect()
-    stored = sum(len(json.dumps(s.detector)) for s in seeded.values() if s.detector is not None)
+    # What the store writes for the rule at each of its evaluations: each state's JSON and its
+    # warm-up's windows, packed, in their own column.
+    written = [stored_form(s.detector) for s in seeded.values() if s.detector is not None]
+    checks = max(1, math.ceil(filled / CHECKS_PER_EVALUATION))
+    phases = {"before": [0, short - 1], "checking": [short - 1, short - 1 + checks]}
+    phases["after"] = [phases["checking"][1], phases["checking"][1] + after]
+    holding: list[int] = []  # after each round, the series whose warm-up still holds its windows
+
+    def count_holding() -> None:
+        holding.append(
+            sum(
+                1
+                for s in daemon.states[item.name].values()
+                if s.detector and Held.from_json(s.detector.get("held"))
+            )
+        )
+
     before = memory()
     marks = {name: len(seconds) for name, seconds in timed.took.items()}
     cpu, prometheus_cpu = _cpu(), cpu_seconds(prometheus)
-    took = await run_rounds(timed, source, moment, end, every, count, WARM_ROUNDS)
+    count = phases["after"][1]
+    took = await run_rounds(timed, source, moment, end, window, count, WARM_ROUNDS, count_holding)
     cpu_after, prometheus_after = _cpu(), cpu_seconds(prometheus)
     await daemon.dispatcher.run()
     return {
         "rule": item.name,
         "filled": filled,
-        "windows": warmup_windows(detect, timed.interval_of(item)) - short,
-        "detector_json": stored,
+        "windows": warmup_windows(detect, window) - short,
+        "window": window,
+        "checks_per_evaluation": CHECKS_PER_EVALUATION,
+        "phases": phases,
+        "holding": holding,
+        "stored_json": sum(len(text) for text, _ in written if text is not None),
+        "stored_windows": sum(len(packed) for _, packed in written if packed is not None),
         "rss_before": before["VmRSS"],
         "rounds": took,
         "rules": {name: seconds[marks.get(name, 0) :] for name, seconds in timed.took.items()},
@@ -244,7 +295,7 @@ async def measure(
         together = await probes.one_by_one_or_together(source, last, end)
         profiled = await probes.profile(timed.evaluate_round, 3) if profile else []
         warmed = (
-            await warm_phase(daemon, timed, source, moment, end, every, warm, warm // 2, prometheus)
+            await warm_phase(daemon, timed, source, moment, end, warm // 2, warm - warm // 2, prometheus)
             if warm
             else None
         )
