@@ -273,12 +273,22 @@ def run(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
+    lifecycle: Path | None = getattr(args, "lifecycle_log", None)
+    if lifecycle is not None:
+        try:  # said now, not as a traceback at the first line
+            with lifecycle.open("a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            print(
+                f"{PROG}: --lifecycle-log: cannot write {lifecycle}: {exc.strerror or exc}", file=sys.stderr
+            )
+            return 2
     if not logging.getLogger().handlers:
         logs.setup("auto", "info")
     if ignored:
         log.info("config file: not simulated, ignored: %s", ", ".join(ignored))
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_serve(options, getattr(args, "lifecycle_log", None)))
+        return asyncio.run(_serve(options, lifecycle))
     return 0
 
 

@@ -52,6 +52,15 @@ def test_a_bad_scenario_file_names_file_line_and_field_and_exits_2(tmp_path: Pat
     assert missing.returncode == 2 and "cannot read file" in missing.stderr
 
 
+def test_a_lifecycle_log_that_cannot_be_written_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = sim("--port", "0", "--lifecycle-log", str(tmp_path / "nowhere" / "lifecycle.jsonl"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"specguard simulate: --lifecycle-log: cannot write {tmp_path / 'nowhere' / 'lifecycle.jsonl'}: "
+        "No such file or directory\n"
+    )
+
+
 def test_out_of_range_acceptance_is_an_argument_error() -> None:
     result = sim("--acceptance", "1.5")
     assert result.returncode == 2
