@@ -164,29 +164,44 @@ class Dispersion:
 
     def add(self, successes: float, trials: float, follows: bool = True) -> None:
         """One window; ``follows``: it comes right after the last one added (no gap between)."""
-        if trials <= 0:
-            return
-        self.windows += 1
-        self.successes += successes
-        self.trials += trials
-        self.square += successes * successes / trials
-        if not follows:
-            self.recent = []
+        self.extend(((successes, trials, follows),))
+
+    def extend(self, windows: Iterable[tuple[float, float, bool]]) -> None:
+        """``add`` of each ``(successes, trials, follows)`` in turn, in one loop over local sums: the
+        warm-up's check builds one over an hour of windows, for every series."""
+        count, successes, trials, square = self.windows, self.successes, self.trials, self.square
+        sums = [(lag, name, self.cross.get(name)) for lag, name in _LAG_NAMES]
         recent = self.recent  # this Dispersion's own (from_json copies what it reads)
-        for lag, name in _LAG_NAMES:
-            if len(recent) >= lag:
-                s0, n0 = recent[-lag]
-                root = math.sqrt(trials * n0)
-                sums = self.cross.get(name)
-                if sums is None:
-                    sums = self.cross[name] = [0.0, 0.0, 0.0, 0.0]
-                sums[0] += 1
-                sums[1] += successes * s0 / root
-                sums[2] += (successes * n0 + trials * s0) / root
-                sums[3] += root
-        recent.append([successes, trials])
-        if len(recent) > _KEPT:
-            del recent[0]
+        for s, n, follows in windows:
+            if n <= 0:
+                continue
+            count += 1
+            successes += s
+            trials += n
+            square += s * s / n
+            if not follows:
+                recent = []
+            for i, (lag, name, lag_sums) in enumerate(sums):
+                if len(recent) >= lag:
+                    if lag_sums is None:
+                        lag_sums = self.cross[name] = [0.0, 0.0, 0.0, 0.0]
+                        sums[i] = (lag, name, lag_sums)
+                    s0, n0 = recent[-lag]
+                    root = math.sqrt(n * n0)
+                    lag_sums[0] += 1
+                    lag_sums[1] += s * s0 / root
+                    lag_sums[2] += (s * n0 + n * s0) / root
+                    lag_sums[3] += root
+            recent.append([s, n])
+            if len(recent) > _KEPT:
+                del recent[0]
+        self.windows, self.successes, self.trials, self.square, self.recent = (
+            count,
+            successes,
+            trials,
+            square,
+            recent,
+        )
 
     @property
     def alpha(self) -> float | None:
@@ -237,33 +252,10 @@ class Dispersion:
 
     @classmethod
     def of(cls, windows: Iterable[tuple[float, float, bool]]) -> Dispersion:
-        """``add`` of each ``(successes, trials, follows)`` in turn, the same sums in the same order,
-        in one loop: the warm-up's check builds one over an hour of windows, for every series."""
-        count, successes, trials, square = 0, 0.0, 0.0, 0.0
-        sums = [(lag, name, [0.0, 0.0, 0.0, 0.0]) for lag, name in _LAG_NAMES]
-        recent: list[list[float]] = []
-        for s, n, follows in windows:
-            if n <= 0:
-                continue
-            count += 1
-            successes += s
-            trials += n
-            square += s * s / n
-            if not follows:
-                recent = []
-            for lag, _, lag_sums in sums:
-                if len(recent) >= lag:
-                    s0, n0 = recent[-lag]
-                    root = math.sqrt(n * n0)
-                    lag_sums[0] += 1
-                    lag_sums[1] += s * s0 / root
-                    lag_sums[2] += (s * n0 + n * s0) / root
-                    lag_sums[3] += root
-            recent.append([s, n])
-            if len(recent) > _KEPT:
-                del recent[0]
-        cross = {name: lag_sums for _, name, lag_sums in sums if lag_sums[0]}
-        return cls(count, successes, trials, square, cross, recent)
+        """The sums of ``windows`` (``extend``) from none."""
+        made = cls()
+        made.extend(windows)
+        return made
 
     def to_json(self) -> dict[str, Any]:
         return {

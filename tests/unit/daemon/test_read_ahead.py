@@ -5,7 +5,8 @@ stored in turn on its own answer; a source answering from memory is read rule by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -68,17 +69,15 @@ def daemon_with(tmp_path: Path, source: NetworkSource) -> Daemon:
     return daemon
 
 
-async def round_of(daemon: Daemon, source: NetworkSource) -> int:
-    """One round; the queries in flight before any is answered."""
+@contextlib.asynccontextmanager
+async def round_waiting(daemon: Daemon) -> AsyncIterator[asyncio.Task[None]]:
+    """A round started on an open store, given time to ask for what it asks before any answer."""
     await daemon.store.open()
     try:
         evaluating = asyncio.create_task(daemon.evaluate_round())
         for _ in range(50):
             await asyncio.sleep(0.01)
-        waiting = source.running
-        source.release.set()
-        await evaluating
-        return waiting
+        yield evaluating
     finally:
         await daemon.store.close()
 
@@ -89,7 +88,10 @@ async def test_each_rule_is_judged_on_its_own_reading_asked_at_once_or_in_turn(
 ) -> None:
     source = NetworkSource(reads_ahead)
     daemon = daemon_with(tmp_path, source)
-    waiting = await round_of(daemon, source)
+    async with round_waiting(daemon) as evaluating:
+        waiting = source.running
+        source.release.set()
+        await evaluating
     assert waiting == (3 if reads_ahead else 1) and source.most_at_once == waiting
     assert sorted(source.asked) == [10.0, 20.0, 30.0]  # each rule asked once
     values = {name: [s.value for s in daemon.states[name].values()] for name in RULES}
@@ -103,11 +105,7 @@ async def test_a_rule_judged_since_its_reading_was_asked_is_read_again_never_jud
     than what the rule was last judged on, so the round reads it again."""
     source = NetworkSource(reads_ahead=True)
     daemon = daemon_with(tmp_path, source)
-    await daemon.store.open()
-    try:
-        evaluating = asyncio.create_task(daemon.evaluate_round())
-        for _ in range(50):
-            await asyncio.sleep(0.01)
+    async with round_waiting(daemon) as evaluating:
         assert source.running == 3
         item = next(i for i in daemon.loaded.enabled_rules() if i.name == "low_c")
         source.value[30.0] = 0.35
@@ -115,26 +113,18 @@ async def test_a_rule_judged_since_its_reading_was_asked_is_read_again_never_jud
         await asyncio.sleep(0.05)
         source.release.set()
         await asyncio.gather(evaluating, between)
-        # low_c: asked at the round's start, then by the delivery's evaluation, then again by the round
-        assert sorted(source.asked) == [10.0, 20.0, 30.0, 30.0, 30.0]
-        assert [s.value for s in daemon.states["low_c"].values()] == [0.35]
-    finally:
-        await daemon.store.close()
+    # low_c: asked at the round's start, then by the delivery's evaluation, then again by the round
+    assert sorted(source.asked) == [10.0, 20.0, 30.0, 30.0, 30.0]
+    assert [s.value for s in daemon.states["low_c"].values()] == [0.35]
 
 
 async def test_a_round_cut_off_leaves_no_reading_running(tmp_path: Path) -> None:
     source = NetworkSource(reads_ahead=True)
     daemon = daemon_with(tmp_path, source)
-    await daemon.store.open()
-    try:
-        evaluating = asyncio.create_task(daemon.evaluate_round())
-        for _ in range(50):
-            await asyncio.sleep(0.01)
+    async with round_waiting(daemon) as evaluating:
         assert source.running == 3
         evaluating.cancel()
         await asyncio.gather(evaluating, return_exceptions=True)
         for _ in range(10):
             await asyncio.sleep(0)
         assert source.running == 0
-    finally:
-        await daemon.store.close()

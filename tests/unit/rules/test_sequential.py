@@ -260,6 +260,25 @@ def test_windows_that_share_requests_get_the_long_run_dispersion_of_their_sums()
     assert d.cross["1"][0] == before
 
 
+def test_windows_added_one_by_one_or_all_at_once_give_the_same_sums_to_the_last_bit() -> None:
+    """``of`` and ``extend`` (the warm-up's check, an hour of windows at a time) are ``add`` over each
+    window in turn: the same sums in the same order, gaps and empty windows included."""
+    rng = random.Random(11)
+    for _ in range(200):
+        windows = [
+            (float(rng.randint(0, 90)), float(rng.choice([0, 90, 100, 120])), rng.random() > 0.1)
+            for _ in range(rng.randint(0, 40))
+        ]
+        one_by_one = Dispersion()
+        for s, n, follows in windows:
+            one_by_one.add(s, n, follows)
+        cut = rng.randint(0, len(windows))
+        split = Dispersion.of(windows[:cut])
+        split.extend(windows[cut:])
+        for other in (Dispersion.of(windows), split):
+            assert other == one_by_one and other.to_json() == one_by_one.to_json()
+
+
 def test_a_round_of_requests_that_differ_varies_as_round_dispersion_says() -> None:
     # Rounds of 4 requests of 64 trials, each request's α a Beta of mean 0.75 and spread 0.1.
     from specguard.sim.model import beta_parameters
