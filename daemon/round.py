@@ -35,7 +35,7 @@ class Rounds:
         self._locks: dict[str, asyncio.Lock] = {}  # one evaluation of a rule at a time
         self.first_done = asyncio.Event()  # every rule evaluated once since the start: READY=1
         self._unevaluated: set[str] = set()  # rules not yet evaluated since the start
-        self._judged_at: dict[str, float] = {}  # when each rule's last evaluation began
+        self._judged_at: dict[str, float] = {}  # when each rule's last evaluation began (monotonic)
 
     def interval_of(self, item: LoadedRule) -> float:
         """The interval ``item`` is evaluated at: its own, or the config's."""
@@ -69,7 +69,7 @@ class Rounds:
         ]
         if shared.store_error is not None:
             await self._retry_store()
-        asked = time.time()
+        asked = time.monotonic()  # (ordered against the rules' evaluations: never by the wall clock)
         ahead = self._ask_ahead(rules)
         try:
             await self._each(rules, ahead, asked)
@@ -128,16 +128,15 @@ class Rounds:
         ahead: Awaitable[SourceResult] | None = None,
         asked: float = 0.0,
     ) -> None:
-        """``ahead``: its reading, asked for already at ``asked`` (``_ask_ahead``)."""
+        """``ahead``: its reading, asked for already at ``asked`` (``time.monotonic``, ``_ask_ahead``)."""
         # The schedule and a webhook delivery may both want the rule: one after the other, each
         # on the states the other left.
         lock = self._locks.setdefault(item.name, asyncio.Lock())
         async with lock:
             if ahead is not None and self._judged_at.get(item.name, -math.inf) >= asked:
                 ahead = None  # judged since on a fresher reading (a delivery's): read again, never back
-            now = time.time()
-            self._judged_at[item.name] = now
-            await self._evaluate_locked(item, now, trigger, touched, ahead)
+            self._judged_at[item.name] = time.monotonic()
+            await self._evaluate_locked(item, time.time(), trigger, touched, ahead)
 
     async def _evaluate_locked(
         self,
