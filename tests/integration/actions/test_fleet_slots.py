@@ -6,15 +6,16 @@ restore gives its slot back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from specguard.actions.base import ActionContext
 from specguard.actions.feature_flag import FeatureFlagAction, FeatureFlagParams
-from specguard.actions.vllm_restart import speculative
+from specguard.actions.vllm_restart import VllmRestartAction, speculative
 from specguard.actions.vllm_restart.change import STATE_KEY
 from specguard.actions.vllm_restart.server import Server
 from specguard.coordination.base import FALLBACK, RESTARTS
@@ -46,43 +47,53 @@ def firing(store: Store, event_id: int) -> ActionContext:
     )  # fmt: skip
 
 
-async def test_a_restart_waits_for_a_slot_takes_it_and_gives_it_back(
-    tmp_path: Path, store: Store, redis: RedisServer
-) -> None:
+@contextlib.asynccontextmanager
+async def restarting(
+    tmp_path: Path, store: Store, redis: RedisServer, **limits: object
+) -> AsyncIterator[tuple[Host, FleetGate, VllmRestartAction]]:
+    """A simulator host served as ``env``, its ``vllm_restart`` action coordinated through a gate
+    named gpu-1 (``limits``: the coordination section's), once the server is up; all stopped after."""
     host = Host(tmp_path, "env")
     host.start()
-    ours, theirs = (
-        gate(redis, "gpu-1", max_concurrent_restarts=1),
-        gate(redis, "gpu-2", max_concurrent_restarts=1),
-    )
+    ours = gate(redis, "gpu-1", **limits)
     try:
         action = host.action()
         action.coordinate(ours, StoreMemory(store, "shrink"))
         await Server(host.url, None).wait_healthy(30)
-        other = await theirs.take(RESTARTS, "shrink", "k 4 -> 2: acceptance_critical firing")
-        assert isinstance(other, Slot), other
-
-        deferred = await action.run(firing(store, 1))
-        assert (deferred.ok, deferred.retry_after, deferred.page) == (False, 7.0, False)
-        assert deferred.detail.startswith("deferred: 1 of 1 slots held by gpu-2:shrink (token"), (
-            deferred.detail
-        )
-        assert len(host.commands()) == 1  # never restarted without a slot
-        state = await StoreMemory(store, "shrink").read(STATE_KEY)
-        assert state is None or state["change"] is None  # no journal opened
-        assert speculative.read_env(host.path.read_text(), "f") == DRAFT  # nothing written
-
-        await theirs.give_back(other)
-        done = await action.run(firing(store, 1))  # the run tried again
-        assert done.ok and "k 4 -> 2" in done.detail and not done.page, done.detail
-        assert len(host.commands()) == 2
-        assert await ours.coordinator.holders(RESTARTS) == ()  # given back once verified
-        log = (await action.show(StoreMemory(store, "shrink")))["log"]
-        assert [(e["from"], e["to"], e["ok"]) for e in log] == [(4, 2, True)]
+        yield host, ours, action
     finally:
         host.stop()
         await ours.coordinator.close()
-        await theirs.coordinator.close()
+
+
+async def test_a_restart_waits_for_a_slot_takes_it_and_gives_it_back(
+    tmp_path: Path, store: Store, redis: RedisServer
+) -> None:
+    theirs = gate(redis, "gpu-2", max_concurrent_restarts=1)
+    async with restarting(tmp_path, store, redis, max_concurrent_restarts=1) as (host, ours, action):
+        try:
+            other = await theirs.take(RESTARTS, "shrink", "k 4 -> 2: acceptance_critical firing")
+            assert isinstance(other, Slot), other
+
+            deferred = await action.run(firing(store, 1))
+            assert (deferred.ok, deferred.retry_after, deferred.page) == (False, 7.0, False)
+            assert deferred.detail.startswith("deferred: 1 of 1 slots held by gpu-2:shrink (token"), (
+                deferred.detail
+            )
+            assert len(host.commands()) == 1  # never restarted without a slot
+            state = await StoreMemory(store, "shrink").read(STATE_KEY)
+            assert state is None or state["change"] is None  # no journal opened
+            assert speculative.read_env(host.path.read_text(), "f") == DRAFT  # nothing written
+
+            await theirs.give_back(other)
+            done = await action.run(firing(store, 1))  # the run tried again
+            assert done.ok and "k 4 -> 2" in done.detail and not done.page, done.detail
+            assert len(host.commands()) == 2
+            assert await ours.coordinator.holders(RESTARTS) == ()  # given back once verified
+            log = (await action.show(StoreMemory(store, "shrink")))["log"]
+            assert [(e["from"], e["to"], e["ok"]) for e in log] == [(4, 2, True)]
+        finally:
+            await theirs.coordinator.close()
 
 
 async def test_a_slot_that_ended_before_the_step_began_stops_it_before_anything_is_written(
@@ -91,13 +102,7 @@ async def test_a_slot_that_ended_before_the_step_began_stops_it_before_anything_
     """The holder paused past its lease between taking its slot and acting (here: the slot given
     back under it at once): its fencing token no longer holds, so nothing is written or restarted;
     the run is deferred and takes a slot again."""
-    host = Host(tmp_path, "env")
-    host.start()
-    ours = gate(redis, "gpu-1", max_concurrent_restarts=1)
-    try:
-        action = host.action()
-        action.coordinate(ours, StoreMemory(store, "shrink"))
-        await Server(host.url, None).wait_healthy(30)
+    async with restarting(tmp_path, store, redis, max_concurrent_restarts=1) as (host, ours, action):
         take = ours.take
 
         async def taken_then_lost(semaphore: str, name: str, incident: str) -> Slot | Refused:
@@ -120,21 +125,12 @@ async def test_a_slot_that_ended_before_the_step_began_stops_it_before_anything_
         assert done.ok and "k 4 -> 2" in done.detail and "without a fleet slot" not in done.detail, (
             done.detail
         )
-    finally:
-        host.stop()
-        await ours.coordinator.close()
 
 
 async def test_with_the_store_stopped_a_restart_defers_and_pages_once_per_outage(
     tmp_path: Path, store: Store, redis: RedisServer
 ) -> None:
-    host = Host(tmp_path, "env")
-    host.start()
-    ours = gate(redis, "gpu-1", max_concurrent_restarts=2)
-    try:
-        action = host.action()
-        action.coordinate(ours, StoreMemory(store, "shrink"))
-        await Server(host.url, None).wait_healthy(30)
+    async with restarting(tmp_path, store, redis, max_concurrent_restarts=2) as (host, ours, action):
         redis.pause()
         first = await action.run(firing(store, 1))
         again = await action.run(firing(store, 1))
@@ -149,9 +145,6 @@ async def test_with_the_store_stopped_a_restart_defers_and_pages_once_per_outage
         later = await action.run(firing(store, 2))  # a new outage: told again
         assert (later.ok, later.page) == (False, True)
         redis.resume()
-    finally:
-        host.stop()
-        await ours.coordinator.close()
 
 
 async def test_a_fallback_past_max_in_fallback_pages_instead_and_a_restore_gives_its_slot_back(
