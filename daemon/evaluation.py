@@ -61,27 +61,24 @@ async def evaluate_rule(
             return evaluate(spec_of(item, interval), failed, 0.0, previous, now, trigger), failed
         return evaluate_alert_rule(item, alerts, previous, now, interval, trigger, touched), SourceResult()
     spec = spec_of(item, interval)
-    window = window_of(item, interval)
+    if ahead is None:
+        ahead = reading_of(item, source, baseline, interval)
+    reading = await ahead if ahead is not None else SourceResult()
     detect = item.rule.detect
     if detect is not None:  # one window per evaluation: the rule's interval
-        reading = await (ahead if ahead is not None else read(item, source, baseline, window))
+        window = window_of(item, interval)
         outcome, judged = detection.evaluate(detect, window, spec, reading, previous, baseline, now, trigger)
         _say_detectors(item.name, judged)
         return outcome, reading
-    threshold = thresholds(item, baseline)
-    # Not read when the threshold cannot be known: the rule's error is the missing baseline.
-    if isinstance(threshold, str):
-        reading = SourceResult()
-    else:
-        reading = await (ahead if ahead is not None else read(item, source, baseline, window))
-    return evaluate(spec, reading, threshold, previous, now, trigger), reading
+    return evaluate(spec, reading, thresholds(item, baseline), previous, now, trigger), reading
 
 
 def reading_of(
     item: LoadedRule, source: Source, baseline: Baseline | None, interval: float
 ) -> Coroutine[Any, Any, SourceResult] | None:
-    """What ``evaluate_rule`` reads from the source for ``item``, to be asked for ahead of it; None
-    when it reads nothing there (an alert rule, or a threshold that cannot be known)."""
+    """What ``evaluate_rule`` reads from the source for ``item`` (a round asks for it ahead); None
+    when it reads nothing there: an alert rule, or a threshold that cannot be known (the rule's
+    error is then the missing baseline, and nothing is read)."""
     if item.rule.alert_only:
         return None
     if item.rule.detect is None and isinstance(thresholds(item, baseline), str):
