@@ -247,13 +247,13 @@ def _warm(
     state.held.add(now, successes, trials)
     if state.warmup.windows < needed or not may_check:
         return
-    if not state.held.readable():  # numbers that are not numbers: nothing to check them with
+    windows = state.held.series(interval)
+    if windows is None:  # numbers that are not numbers: nothing to check them with
         said["restarted"][key] = f"the {len(state.held)} windows of its warm-up were not read back as numbers"
         state.warmup, state.held = Dispersion(), Held()
         state.warmup.add(successes, trials, follows)
         state.held.add(now, successes, trials)
         return
-    windows = state.held.series(interval)
     result = examine(detect, windows)
     if result is not None and result.shift is not None:
         reason = shift_reason(result, state.held, windows, interval)

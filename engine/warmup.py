@@ -65,10 +65,6 @@ class Held:
         p = self._values()
         return [(p[i], p[i + 1], p[i + 2]) for i in range(0, len(p), 3)]
 
-    def readable(self) -> bool:
-        """Every number finite (checked when the windows are decoded for the check, not at each read)."""
-        return all(map(math.isfinite, self._values()))
-
     def add(self, at: float, successes: float, trials: float) -> None:
         if self.origin is None:
             self.origin = at
@@ -84,10 +80,13 @@ class Held:
         if not self.packed:
             self.origin = None
 
-    def series(self, interval: float) -> list[Window]:
+    def series(self, interval: float) -> list[Window] | None:
         """The windows, each marked as following the one before when it came within 1.5 intervals
-        (as the detector pairs neighbours for the autocorrelation)."""
+        (as the detector pairs neighbours for the autocorrelation); None when a number is not finite
+        (checked here, where they are decoded, not at each read)."""
         p = self._values()
+        if not all(map(math.isfinite, p)):
+            return None
         out: list[Window] = []
         for i in range(0, len(p), 3):
             follows = i > 0 and p[i] - p[i - 3] <= 1.5 * interval

@@ -14,6 +14,7 @@ import random
 import re
 import sqlite3
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -460,7 +461,7 @@ def test_the_held_windows_are_stored_packed_and_read_back_as_written_or_as_an_ol
     assert struct.unpack_from("<3d", stored["packed"], 24 * 719) == (5.0 * 719, 100.0 + 719 % 7, 160.0)
     back = Held.from_json(stored)
     assert (back.origin, back.windows) == (held.origin, held.windows) and len(back) == 720
-    assert back.time_of(719) == 1_000_000.0 + 5 * 719 and back.readable()
+    assert back.time_of(719) == 1_000_000.0 + 5 * 719
     assert [w.follows for w in back.series(5.0)][:2] == [False, True]
     # as older versions wrote them into the state's JSON: base64 of the same bytes, or lists
     base64_json = json.loads(
@@ -474,7 +475,9 @@ def test_the_held_windows_are_stored_packed_and_read_back_as_written_or_as_an_ol
     back.drop(2)
     assert (back.origin, len(back)) == (None, 0)
     # numbers that are not: told when the windows are decoded for the check
-    assert not Held.from_json({"origin": 5.0, "packed": struct.pack("<3d", 0.0, math.nan, 4.0)}).readable()
+    assert (
+        Held.from_json({"origin": 5.0, "packed": struct.pack("<3d", 0.0, math.nan, 4.0)}).series(5.0) is None
+    )
     # anything malformed is let go whole, never half read
     for bad in ({"origin": 5.0, "packed": "not base64!"}, {"origin": 5.0, "packed": "AAAA"},
                 {"origin": 5.0, "packed": b"\x00" * 23},
@@ -511,3 +514,23 @@ async def test_series_that_end_their_warm_ups_together_are_checked_a_batch_a_win
 
 def detector_state(run: Run, server: str) -> DetectorState:
     return DetectorState.from_json(run.states[series_key(labels_of(server))].detector)
+
+
+async def test_a_warm_up_whose_windows_are_not_numbers_starts_again_when_checked_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = Run(short())
+    rng = random.Random(5)
+    server, key = "vllm-a:8000", series_key(labels_of("vllm-a:8000"))
+    for _ in range(9):
+        await run.step({server: wobble(rng, HEALTHY)})
+    detector = dict(run.states[key].detector or {})
+    packed = bytearray(detector["held"]["packed"])
+    packed[8:16] = struct.pack("<d", math.nan)  # the first window's S
+    detector["held"] = {**detector["held"], "packed": bytes(packed)}
+    run.states[key] = replace(run.states[key], detector=detector)
+    with caplog.at_level(logging.INFO, logger="specguard"):
+        await run.step({server: wobble(rng, HEALTHY)})  # the tenth window: due, checked
+    assert len(said(caplog, "were not read back as numbers")) == 1
+    d = run.detector(server)
+    assert d["warming_up"] is True and d["warmup"] == "1/10 windows"
