@@ -98,12 +98,15 @@ def test_the_demo_closes_the_loop_with_the_real_actions(tmp_path: Path, router: 
         found = [i for i, line in enumerate(lines) if re.search(rf"^\[ *\d+s\] {pattern}", line)]
         assert len(found) == 1, f"milestone {name!r} seen {len(found)} times in the demo's output:\n{out}"
         at[name] = found[0]
-    assert at["calibrated"] < at["drop"] < at["firing"] < at["engaged"] < at["moved"] < at["calm"]
+    order = f"milestones at lines {at}; the output:\n{out}"
+    assert at["calibrated"] < at["drop"] < at["firing"] < at["engaged"] < at["moved"] < at["calm"], order
     # The collapse detector (logging only) sees the drop before the playbook rule does.
-    assert at["drop"] < at["detected"] < at["firing"]
-    assert at["engaged"] < at["posted"]  # the notice waits its group_wait, then says the fallback's outcome
-    assert at["moved"] < at["resolved"] < at["restored"] < at["back"]
-    assert at["calm"] < at["restored"]
+    assert at["drop"] < at["detected"] < at["firing"], order
+    assert at["engaged"] < at["posted"], (
+        order
+    )  # the notice waits its group_wait, then says the fallback's outcome
+    assert at["moved"] < at["resolved"] < at["restored"] < at["back"], order
+    assert at["calm"] < at["restored"], order
     # In the words of the router it ran, named before the traffic starts.
     told = {}
     for name, pattern in ROUTERS[router].items():
