@@ -9,7 +9,7 @@ from setuptools import find_packages, setup
 
 # Top to bottom as the layers run (pyproject.toml's import-linter contract holds them).
 PARTS = (
-    "cli", "demo", "preflight", "daemon", "report", "playbook", "sim", "export", "dispatch", "engine",
+    "cli", "demo", "preflight", "backtest", "daemon", "report", "playbook", "sim", "export", "dispatch", "engine",
     "config", "metrics", "sources", "actions", "store", "coordination", "rules", "common",
 )  # fmt: skip
 

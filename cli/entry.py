@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from specguard import __version__
 from specguard.cli import (
+    backtest,
     backup,
     check,
     compat,
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     routing.add_parser(sub)
     preflight.add_parser(sub)
     fleet.add_parser(sub)
+    backtest.add_parser(sub)
     return parser
 
 
@@ -108,6 +110,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "routing": routing.cmd_routing,
     "preflight": preflight.cmd_preflight,
     "fleet": fleet.cmd_fleet,
+    "backtest": backtest.cmd_backtest,
 }
 
 

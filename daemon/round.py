@@ -21,7 +21,7 @@ from specguard.engine.states import Outcome
 from specguard.rules.durations import format_duration
 from specguard.sources.base import SourceResult
 from specguard.store.database import StoreError
-from specguard.store.records import SCHEDULE, State, Verdict
+from specguard.store.records import SCHEDULE, SeriesState, State, Verdict
 
 log = logging.getLogger("specguard")
 
@@ -82,7 +82,7 @@ class Rounds:
         label = format_duration(interval) if interval else "all"
         shared.metrics.evaluation_duration.labels(label).observe(took := time.monotonic() - started)
         shared.overruns.ran(label, took, interval)
-        shared.last_round = time.time()
+        shared.last_round = shared.clock()
         for each in [interval] if interval is not None else list(shared.last_round_of):
             shared.last_round_of[each] = shared.last_round
         shared.metrics.last_evaluation.set(shared.last_round)
@@ -136,7 +136,7 @@ class Rounds:
             if ahead is not None and self._judged_at.get(item.name, -math.inf) >= asked:
                 ahead = None  # judged since on a fresher reading (a delivery's): read again, never back
             self._judged_at[item.name] = time.monotonic()
-            await self._evaluate_locked(item, time.time(), trigger, touched, ahead)
+            await self._evaluate_locked(item, self.shared.clock(), trigger, touched, ahead)
 
     async def _evaluate_locked(
         self,
@@ -147,9 +147,7 @@ class Rounds:
         ahead: Awaitable[SourceResult] | None = None,
     ) -> None:
         shared = self.shared
-        name = item.name
-        previous = shared.states.get(name, {})
-        partial = item.rule.alert_only  # an alert rule evaluates the series that can change
+        previous = shared.states.get(item.name, {})
         outcome, result = await evaluate_rule(
             item,
             shared.source,
@@ -162,6 +160,22 @@ class Rounds:
             touched=touched,
             ahead=ahead,
         )
+        await self.settle(item, previous, outcome, result, now)
+
+    async def settle(
+        self,
+        item: LoadedRule,
+        previous: Mapping[str, SeriesState],
+        outcome: Outcome,
+        result: SourceResult,
+        now: float,
+    ) -> None:
+        """What the engine decided of ``item`` at ``now`` (from ``previous``), stored, then handed to
+        the dispatcher: the second half of an evaluation, which a backtest also runs for the
+        evaluations its judging phase found events in."""
+        shared = self.shared
+        name = item.name
+        partial = item.rule.alert_only  # an alert rule evaluates the series that can change
         for key in outcome.forgotten:
             old = previous.get(key)
             log.info(

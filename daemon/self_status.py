@@ -4,7 +4,6 @@ rows, and the one line of systemd's STATUS=. The rows and the line are made by `
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from specguard import __version__
@@ -15,7 +14,7 @@ from specguard.daemon.shared import Shared
 
 def health(shared: Shared) -> tuple[bool, dict[str, Any]]:
     healthy, body = views.health(
-        shared.last_round_of, shared.started_at, time.time(), len(shared.loaded.enabled_rules())
+        shared.last_round_of, shared.started_at, shared.clock(), len(shared.loaded.enabled_rules())
     )
     if shared.store_error is not None:
         body["status"] = "store_failing"
@@ -60,7 +59,7 @@ async def overview(shared: Shared) -> dict[str, Any]:
         health(shared),
         shared.store,
         shared.dispatcher.actions,
-        time.time(),
+        shared.clock(),
         shared.started_at,
     )
 

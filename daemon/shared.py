@@ -29,13 +29,16 @@ class Shared:
     """Built from the config at the start; a reload replaces ``loaded``, the sources and the alert
     book, and tells the dispatcher the new rules and actions."""
 
-    def __init__(self, loaded: Loaded) -> None:
+    def __init__(self, loaded: Loaded, clock: Callable[[], float] | None = None) -> None:
+        """``clock``: what every moment the daemon judges and stores is read from (``time.time``
+        as it is when called, unless given: a backtest replays history on a simulated one)."""
         self.loaded = loaded
+        self.clock: Callable[[], float] = clock or (lambda: time.time())
         self.metrics = DaemonMetrics()
         self.overruns = Overruns(self.metrics)
         self.metrics.show_baseline(loaded.baseline)
         self.metrics.show_rules(r.name for r in loaded.enabled_rules())
-        self.store = Store(loaded.config.store_file())
+        self.store = Store(loaded.config.store_file(), clock=self.clock)
         self.source: Source = make_source(loaded)
         # With the Prometheus source, the servers whose history is kept are scraped for it alone.
         self.history_source: Any = make_history_source(loaded.config)
@@ -52,7 +55,7 @@ class Shared:
         self.rule_errors: dict[str, str | None] = {}
         self.rule_verdicts: dict[str, tuple[str, str | None]] = {}  # rule -> (verdict, why) without series
         self.store_error: str | None = None  # why the store cannot be written, while it cannot
-        self.started_at = time.time()
+        self.started_at = self.clock()
         self.last_round: float | None = None
         self.last_round_of: dict[float, float | None] = {}  # interval -> when its last round finished
         self.notifier = systemd.Notifier()

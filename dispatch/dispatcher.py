@@ -403,17 +403,23 @@ class Dispatcher:
         retry = await self._step_or_later()
         while not self._stopping:
             self._due.clear()  # before reading: a run recorded meanwhile wakes the wait below
-            try:
-                due = await self.store.next_due()
-            except StoreError:
-                due = self.clock() + STORE_RETRY
-            if due is not None and due <= self.clock() and self._in_flight:
-                due = self.clock() + IN_FLIGHT_LOOK  # under way, or waiting for its action: not at once
-            wants = [due, retry, self._ticks.next, *self._next_look.values()]
-            soonest = min((t for t in wants if t is not None), default=None)
+            soonest = await self.next_wake(retry)
             wait = None if soonest is None else max(0.0, soonest - self.clock())
             if await self._sleep(wait) and not self._stopping:
                 retry = await self._step_or_later()
+
+    async def next_wake(self, retry: float | None = None) -> float | None:
+        """When the next step is due (the clock's time; None: nothing is waited for): a run that
+        falls due, an action's own work, a flag's next look, or ``retry``. The serve loop sleeps
+        until then; a backtest moves its simulated clock there."""
+        try:
+            due = await self.store.next_due()
+        except StoreError:
+            due = self.clock() + STORE_RETRY
+        if due is not None and due <= self.clock() and self._in_flight:
+            due = self.clock() + IN_FLIGHT_LOOK  # under way, or waiting for its action: not at once
+        wants = [due, retry, self._ticks.next, *self._next_look.values()]
+        return min((t for t in wants if t is not None), default=None)
 
     async def _sleep(self, wait: float | None) -> bool:
         """Up to ``wait`` seconds, until woken; False when only an action's own work ended meanwhile

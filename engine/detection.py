@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specguard.common.evolve import evolve
 from specguard.common.sequential import EDGE, Dispersion, cusum_step, llr, threshold, window_evidence
 from specguard.engine import states as machine
 from specguard.engine.detector_state import DetectorState, calibration_of, recalibration
@@ -162,7 +163,7 @@ def judge(
             continue
         # Neighbours for the autocorrelation: this window follows the last one with data.
         follows = state.seen is not None and now - state.seen <= 1.5 * interval
-        state = replace(state, alpha=series.value, trials=trials, seen=now)
+        state = evolve(state, alpha=series.value, trials=trials, seen=now)
         if _warming(detect, state, needed):
             window = (successes, trials, follows)
             _warm(detect, interval, needed, key, state, window, now, said, key in checked)
@@ -174,7 +175,7 @@ def judge(
         alpha0 = given if given is not None else state.alpha0
         state.in_control, state.in_control_from = alpha0, _source(detect, given)
         if alpha0 is None:  # learned, yet unknown: a state from before the warm-up was counted
-            state = replace(state, warmup=Dispersion(), held=Held())
+            state = evolve(state, warmup=Dispersion(), held=Held())
             detectors[key] = state.to_json()
             warming.add(key)
             continue
@@ -200,7 +201,7 @@ def judge(
             evidence = window_evidence(successes, trials, alpha0, window_phi_of(detect, state))
             if evidence >= h and series.value <= max(levels):
                 gs = [CAP * h for _ in gs]  # as a CUSUM that alarmed: held, and resolved the same way
-        state = replace(state, gs=gs, g=max(gs), evidence=evidence, windows=state.windows + 1)
+        state = evolve(state, gs=gs, g=max(gs), evidence=evidence, windows=state.windows + 1)
         detectors[key] = state.to_json()
         judged.append(Series(dict(series.labels), state.g, trials))
     result = SourceResult(
@@ -344,16 +345,16 @@ def _settle(outcome: Outcome, judged: Judged, previous: Mapping[str, SeriesState
     events = [e for e in outcome.events if e.series not in judged.warming]
     for key in judged.warming:
         old = previous.get(key) or SeriesState(labels=_labels_of(key))
-        states[key] = replace(old, verdict=Verdict.WARMING_UP, error=None, last_eval=now, last_seen=now)
+        states[key] = evolve(old, verdict=Verdict.WARMING_UP, error=None, last_eval=now, last_seen=now)
         verdicts[key] = Verdict.WARMING_UP
     for key, detector in judged.detectors.items():
         if key in states:
-            states[key] = replace(states[key], detector=dict(detector))
+            states[key] = evolve(states[key], detector=dict(detector))
     for event in events:
         state = states.get(event.series)
         if event.kind is State.RESOLVED and state is not None and state.detector is not None:
             gs = [0.0 for _ in state.detector.get("gs") or ()]
-            states[event.series] = replace(state, detector={**state.detector, "g": 0.0, "gs": gs})
+            states[event.series] = evolve(state, detector={**state.detector, "g": 0.0, "gs": gs})
     forgotten = [key for key in outcome.forgotten if key not in judged.warming]
     return replace(outcome, states=states, verdicts=verdicts, events=events, forgotten=forgotten)
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from specguard.common.evolve import evolve
 from specguard.rules.conditions import Condition
 from specguard.rules.schema import NoDataPolicy
 from specguard.sources.base import SourceResult
@@ -88,7 +89,7 @@ def evaluate(
     )
     if rule_error is not None:
         states = {
-            key: replace(old, verdict=Verdict.ERROR, error=rule_error, last_eval=now)
+            key: evolve(old, verdict=Verdict.ERROR, error=rule_error, last_eval=now)
             for key, old in previous.items()
         }
         return Outcome(states, [], dict.fromkeys(states, Verdict.ERROR), rule_error)
@@ -164,25 +165,25 @@ class _Stepper:
 
     def warming(self, key: str, old: SeriesState) -> None:
         self._keep(
-            key, replace(old, verdict=Verdict.WARMING_UP, error=None, last_eval=self.now, last_seen=self.now)
+            key, evolve(old, verdict=Verdict.WARMING_UP, error=None, last_eval=self.now, last_seen=self.now)
         )
 
     def error(self, key: str, old: SeriesState, message: str, seen: bool) -> None:
-        new = replace(old, verdict=Verdict.ERROR, error=message, last_eval=self.now)
-        self._keep(key, replace(new, last_seen=self.now) if seen else new)
+        new = evolve(old, verdict=Verdict.ERROR, error=message, last_eval=self.now)
+        self._keep(key, evolve(new, last_seen=self.now) if seen else new)
 
     def data(self, key: str, old: SeriesState, verdict: Verdict, value: float, threshold: float) -> None:
         # A long gap in the data restarts the clock of a breach that is still pending.
         gap = old.last_data is not None and self.now - old.last_data > self.rule.max_gap
         if gap and old.state is State.PENDING:
-            old = replace(old, breach_since=None, consecutive=0)
-        seen = replace(old, last_data=self.now, last_seen=self.now)
+            old = evolve(old, breach_since=None, consecutive=0)
+        seen = evolve(old, last_data=self.now, last_seen=self.now)
         self._move(key, seen, verdict, verdict, value, threshold)
 
     def no_data(self, key: str, old: SeriesState, threshold: float | None) -> None:
         if old.last_seen is None and key != MISSING_SERIES:
             # A series restored from an older store: its absence is counted from its last evaluation.
-            old = replace(old, last_seen=old.last_eval if old.last_eval is not None else self.now)
+            old = evolve(old, last_seen=old.last_eval if old.last_eval is not None else self.now)
         effective = {
             NoDataPolicy.KEEP: Verdict.NO_DATA,
             NoDataPolicy.OK: Verdict.OK,
@@ -241,19 +242,19 @@ class _Stepper:
     ) -> None:
         rule = rule or self.rule
         now = self.now
-        new = replace(old, verdict=verdict, value=value, threshold=threshold, error=None, last_eval=now)
+        new = evolve(old, verdict=verdict, value=value, threshold=threshold, error=None, last_eval=now)
         self.verdicts[key] = verdict
 
         def enter(series: SeriesState, state: State, **changes: float | None) -> SeriesState:
             self._event(key, series, state, value, threshold)
-            return replace(series, state=state, since=now, moved_by=self.trigger, **changes)  # type: ignore[arg-type]
+            return evolve(series, state=state, since=now, moved_by=self.trigger, **changes)
 
         if effective is Verdict.BREACH:
-            new = replace(new, consecutive=old.consecutive + 1, last_breach=now, ok_since=None)
+            new = evolve(new, consecutive=old.consecutive + 1, last_breach=now, ok_since=None)
             if new.state in (State.INACTIVE, State.RESOLVED):
                 new = enter(new, State.PENDING, breach_since=now)
             elif new.breach_since is None:
-                new = replace(new, breach_since=now)
+                new = evolve(new, breach_since=now)
             started = new.breach_since if new.breach_since is not None else now
             if (
                 new.state is State.PENDING
@@ -262,7 +263,7 @@ class _Stepper:
             ):
                 new = enter(new, State.FIRING)
         elif effective is Verdict.OK:
-            new = replace(new, consecutive=0, breach_since=None)
+            new = evolve(new, consecutive=0, breach_since=None)
             if new.state is State.PENDING:
                 new = enter(new, State.INACTIVE)
             elif new.state is State.FIRING:
@@ -270,5 +271,5 @@ class _Stepper:
                 if now - ok_since >= rule.keep_firing_for:
                     new = enter(new, State.RESOLVED, ok_since=None)
                 else:
-                    new = replace(new, ok_since=ok_since)
+                    new = evolve(new, ok_since=ok_since)
         self.states[key] = new

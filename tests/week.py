@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -23,6 +24,17 @@ HISTOGRAMS = {
     "ttft": ("vllm:time_to_first_token_seconds", TTFT_BUCKETS),
     "itl": ("vllm:inter_token_latency_seconds", ITL_BUCKETS),
 }
+
+
+# The report's week (Nov 30 - Dec 7, 2026) and the week before it, with its known incidents: on
+# Tuesday 14:00-15:30 server A's draft collapses (per-token acceptance 0.25); on Thursday
+# 13:00-17:00 server B runs with its KV cache full (0.97), preempting and slower; B's draft
+# degrades through the week.
+DAY = 86400.0
+MONDAY = datetime(2026, 11, 30, tzinfo=UTC).timestamp()  # the report's week: Nov 30 - Dec 7
+BEFORE = MONDAY - 7 * DAY
+COLLAPSE = (MONDAY + DAY + 14 * 3600, MONDAY + DAY + 15.5 * 3600)  # Tuesday afternoon
+PRESSURE = (MONDAY + 3 * DAY + 13 * 3600, MONDAY + 3 * DAY + 17 * 3600)  # Thursday afternoon
 
 
 @dataclass(frozen=True)
@@ -174,3 +186,27 @@ def histogram(minutes: list[Minute], part: str) -> list[tuple[float, float]]:
     buckets = HISTOGRAMS[part][1]
     values = sorted(v for m in minutes for v in m.latencies[part])
     return [(upper, float(bisect.bisect_right(values, upper))) for upper in (*buckets, math.inf)]
+
+
+# --- the week's two servers -----------------------------------------------------------------------
+
+
+def hour_of(t: float) -> int:
+    return int(t % DAY // 3600)
+
+
+def server_a(t: float) -> Conditions:
+    busy = 9 <= hour_of(t) < 18
+    alpha = 0.80
+    if COLLAPSE[0] <= t < COLLAPSE[1]:
+        alpha = 0.25
+    return Conditions(alpha=alpha, load=1.0 if busy else 0.5, kv=0.55 if busy else 0.3)
+
+
+def server_b(t: float) -> Conditions:
+    busy = 9 <= hour_of(t) < 18
+    day = int((t - MONDAY) // DAY)
+    alpha = 0.78 if t < MONDAY else 0.76 - 0.02 * day  # a draft losing ground day by day
+    if PRESSURE[0] <= t < PRESSURE[1]:
+        return Conditions(alpha=alpha, load=1.2, kv=0.97, preemptions=3, slowdown=1.6)
+    return Conditions(alpha=alpha, load=1.0 if busy else 0.6, kv=0.6 if busy else 0.35)

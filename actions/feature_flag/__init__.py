@@ -216,7 +216,7 @@ class FeatureFlagAction(Action):
             backend = FileBackend(params.file)
             self._values = (params.file.engage, params.file.restore)
             self.read_every = 0.0  # a file is read back on every tick: it costs nothing
-        self.backend = backend
+        self.backend: Backend = backend  # any backend: a backtest gives it one held in memory
         self.canary: Canary | None = None
         if params.canary is not None:
             token = read_if_given(params.canary.token, f"actions.{name}.canary.token")

@@ -26,13 +26,8 @@ from specguard.config.loading import load
 from specguard.daemon.runtime import Daemon
 from specguard.store import history
 from tests import week
-from tests.week import Conditions, Server, Timeline
+from tests.week import BEFORE, COLLAPSE, DAY, MONDAY, Server, Timeline, server_a, server_b
 
-DAY = 86400.0
-MONDAY = datetime(2026, 11, 30, tzinfo=UTC).timestamp()  # the report's week: Nov 30 - Dec 7
-BEFORE = MONDAY - 7 * DAY
-COLLAPSE = (MONDAY + DAY + 14 * 3600, MONDAY + DAY + 15.5 * 3600)  # Tuesday afternoon
-PRESSURE = (MONDAY + 3 * DAY + 13 * 3600, MONDAY + 3 * DAY + 17 * 3600)  # Thursday afternoon
 QUIET = 600.0
 C_A, C_B = 0.1, 0.05  # A's draft cost is given; B's is the default for an EAGLE head
 
@@ -87,27 +82,6 @@ BASELINE = {
          "speculative": {"method": "eagle3"}},
     ],
 }  # fmt: skip
-
-
-def _hour(t: float) -> int:
-    return int(t % DAY // 3600)
-
-
-def server_a(t: float) -> Conditions:
-    busy = 9 <= _hour(t) < 18
-    alpha = 0.80
-    if COLLAPSE[0] <= t < COLLAPSE[1]:
-        alpha = 0.25
-    return Conditions(alpha=alpha, load=1.0 if busy else 0.5, kv=0.55 if busy else 0.3)
-
-
-def server_b(t: float) -> Conditions:
-    busy = 9 <= _hour(t) < 18
-    day = int((t - MONDAY) // DAY)
-    alpha = 0.78 if t < MONDAY else 0.76 - 0.02 * day  # a draft losing ground day by day
-    if PRESSURE[0] <= t < PRESSURE[1]:
-        return Conditions(alpha=alpha, load=1.2, kv=0.97, preemptions=3, slowdown=1.6)
-    return Conditions(alpha=alpha, load=1.0 if busy else 0.6, kv=0.6 if busy else 0.35)
 
 
 class Clock:
@@ -289,7 +263,7 @@ def test_per_position_by_day_by_hour_and_hour_by_hour_equal_the_ground_truth(
         for d in range(7)
     ]  # fmt: skip
     expected_hours = [
-        {"hour": h, **_acceptance([m for m in minutes if _hour(m.at) == h], server.k, cost)}
+        {"hour": h, **_acceptance([m for m in minutes if week.hour_of(m.at) == h], server.k, cost)}
         for h in range(24)
     ]
     expected_hourly = [
