@@ -44,6 +44,9 @@ class Acted:
     flags: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # flag -> (when, engage|restore)
     silences: int = 0  # silences copied from the live store
     steps: int = 0
+    # Each time a guard held a run back: (event id, action, mode) -> [{at, status, reason, until}]:
+    # the run's row keeps only its last word once it has run.
+    held: dict[tuple[int, str, str], list[dict[str, Any]]] = field(default_factory=dict)
 
 
 class Clock:
@@ -98,6 +101,7 @@ async def act(loaded: Loaded, judged: Sequence[Judged], end: float, live_store: 
                 index += 1
             await shared.dispatcher.step()
             acted.steps += 1
+            await _note_held(shared, acted, now)
             for name, backend in flags.items():
                 assert isinstance(backend, MemoryFlag)
                 for what in backend.changes[seen[name] :]:
@@ -113,6 +117,18 @@ async def act(loaded: Loaded, judged: Sequence[Judged], end: float, live_store: 
         await shared.dispatcher.stop()
         await shared.store.close()
     return acted
+
+
+_HELD = "SELECT event_id, action, mode, status, reason, not_before FROM action_runs WHERE status IN ('deferred', 'skipped')"
+
+
+async def _note_held(shared: Shared, acted: Acted, now: float) -> None:
+    """The runs the guards hold back now (deferred or skipped), each new reason kept with when."""
+    for row in await shared.store.call(lambda db: db.execute(_HELD).fetchall()):
+        said = acted.held.setdefault((int(row[0]), str(row[1]), str(row[2])), [])
+        if said and (said[-1]["status"], said[-1]["reason"], said[-1]["until"]) == (row[3], row[4], row[5]):
+            continue
+        said.append({"at": now, "status": row[3], "reason": row[4], "until": row[5]})
 
 
 async def _copy_silences(shared: Shared, live_store: Path, start: float, end: float) -> int:

@@ -95,7 +95,7 @@ def _minutes(seconds: float) -> float:
 def _threshold(item: LoadedRule, live: float) -> Plan:
     rule = item.rule
     notes = ["history keeps minutes: a minute's data are judged at the minute's end, so a firing "
-             "shows up to a minute later than the daemon saw it"]  # fmt: skip
+             "shows within a minute of when the daemon saw it"]  # fmt: skip
     read = _minutes(rule.window)
     if rule.window < MINUTE:
         notes.append(

@@ -149,17 +149,11 @@ def text(run: Backtest, label: str = "") -> str:
                 + (f"resolved {moment(e.resolved)}" if e.resolved is not None else "still firing at the end")
                 + f" ({span(duration(e, run.end))})"
             )
+            lines += [f"    {line}" for line in _runs_of(r.actions, e)]
         if not r.episodes:
             lines.append(
                 f"  no firing in {r.judged.evaluations} evaluations of {len(r.judged.traces)} series"
             )
-        for run_ in r.actions:
-            if run_["status"] in ("deferred", "skipped") or run_["mode"] == "restore":
-                what = f"{run_['action']} ({run_['mode']}) {run_['status']}"
-                why = run_.get("reason") or run_.get("detail") or ""
-                lines.append(
-                    f"    {moment(run_['at'])} {run_['event']}: {what}" + (f": {why}" if why else "")
-                )
         for x in r.reproduced:
             labels = ",".join(f"{k}={v}" for k, v in sorted(x["labels"].items()))
             if x["replayed"] is None:
@@ -191,6 +185,27 @@ def text(run: Backtest, label: str = "") -> str:
         lines.append(f"note: {note}")
     del hours
     return "\n".join(lines) + "\n"
+
+
+def _runs_of(actions: Sequence[Mapping[str, Any]], episode: Any) -> list[str]:
+    """What the actions did for one episode: the runs of its firing and of its resolution, when
+    each ended (a restore after its quiet period), or why it did not run."""
+    lines = []
+    for run in actions:
+        if dict(run["labels"]) != dict(episode.labels):
+            continue
+        if not (
+            run["at"] == episode.fired or (episode.resolved is not None and run["at"] == episode.resolved)
+        ):
+            continue
+        when = run["finished"] if run["finished"] is not None else run.get("not_before") or run["at"]
+        what = run["action"] + (" restore" if run["mode"] == "restore" else "")
+        for held in run.get("held", ()):
+            until = f" until {moment(held['until'])}" if held["until"] is not None else ""
+            lines.append(f"{moment(held['at'])} {what} {held['status']}{until}: {held['reason']}")
+        why = run.get("detail") or run.get("reason") or ""
+        lines.append(f"{moment(when)} {what} {run['status']}" + (f": {why}" if why else ""))
+    return lines
 
 
 def compared(runs: Sequence[tuple[str, Backtest]]) -> str:

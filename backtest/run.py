@@ -92,8 +92,9 @@ async def backtest(
     runs: dict[str, list[dict[str, Any]]] = {}
     for event in acted.events:
         for run in event["runs"]:
+            held = acted.held.get((event["id"], run["action"], run["mode"]), [])
             runs.setdefault(event["rule"], []).append({**run, "event": event["kind"], "at": event["at"],
-                                                       "labels": event["labels"]})  # fmt: skip
+                                                       "labels": event["labels"], "held": held})  # fmt: skip
     every_incident = list(incidents) + [r.as_incident(end) for r in lives]
     out.incidents = list(incidents)
     for result in out.rules:

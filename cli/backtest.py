@@ -163,6 +163,11 @@ async def _backtest(args: argparse.Namespace) -> int:
             run = await backtest(loaded, start, end, tuple(args.rule or ()), prometheus, incidents)
         except BacktestError as exc:
             raise _Refused(f"{PROG}: {exc}") from None
+        unread = _unread(run)
+        if unread is not None:
+            if prometheus is not None:
+                await prometheus.close()
+            raise _Refused(f"{PROG}: every evaluation failed: {unread}")
         try:
             await calibrate.calibrate(run, loaded)
         finally:
@@ -195,3 +200,12 @@ def _prometheus(args: argparse.Namespace, loaded: Any) -> Any:
     timeout = config.timeout if config is not None else 30.0
     verify = config.verify_tls if config is not None else True
     return RangeSource(url, timeout, bearer_token=loaded.prometheus_token, verify_tls=verify)
+
+
+def _unread(run: Any) -> str | None:
+    """The source's error when not one evaluation of any rule could be read (Prometheus down): a
+    backtest of nothing is not a result."""
+    judged = [r.judged for r in run.rules if r.plan.skip is None]
+    if not judged or any(j.evaluations == 0 or sum(j.errors.values()) < j.evaluations for j in judged):
+        return None
+    return str(next(iter(judged[0].errors)))
