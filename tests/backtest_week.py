@@ -120,7 +120,9 @@ async def _play(directory: Path, config: Path, clock: Clock, start: float, end: 
     b = Server("vllm-b:8000", "model-b", 3, server_b)
     urls = {a.instance: "http://127.0.0.1:9/a/metrics", b.instance: "http://127.0.0.1:9/b/metrics"}
     timeline = Timeline([a, b])
-    played = Played(directory, config, directory / "rules.yaml", loaded.config.store_file(), start, end, [a, b])
+    played = Played(
+        directory, config, directory / "rules.yaml", loaded.config.store_file(), start, end, [a, b]
+    )
     flag = directory / "flag.json"
     minute = start
     try:
@@ -146,16 +148,30 @@ async def _play(directory: Path, config: Path, clock: Clock, start: float, end: 
 
 def openmetrics(servers: Sequence[Server], start: float, end: float) -> str:
     """The week as a Prometheus scraping every 15 s would hold it (OpenMetrics text for ``promtool
-    tsdb create-blocks-from openmetrics``): the speculative counters (grown by each minute's traffic
-    at the minute's live scrape, 30 s in) and the KV-cache gauge (the minute's value from just after
-    the minute starts). A range of whole minutes then holds the same increases and samples as the
-    minutes of history."""
+    tsdb create-blocks-from openmetrics``): the speculative counters, grown by each minute's traffic
+    at the minute's live scrape (30 s in), and the KV-cache gauge, holding the minute's value all
+    through the minute; labelled with ``instance`` and ``model_name`` as history keeps a server.
+
+    The samples fall 5, 20, 35 and 50 s into each minute, never on a whole minute, so that the range
+    ``[1m]`` of a query at a whole minute t holds exactly the four samples of the minute before t
+    whether its start is closed (Prometheus 2) or open (Prometheus 3): ``avg_over_time`` of the gauge
+    is that minute's value, and the counters grow over the range by exactly that minute's increase,
+    as the minute of history the history source reads at t. A sample on the whole minute would sit
+    in two ranges under Prometheus 2, and average the minute before into the gauge.
+
+    ``rate()`` extrapolates that growth to the whole range (the first sample 5 s after its start, the
+    last 10 s before its end, both within 1.1 times the interval of 15 s): by 60/45 for every series
+    alike, and in the period's first minute, whose counters start at zero, only to the end, again
+    alike. So ``increase()`` reads 4/3 of a minute's increase, while a ratio of two counters of one
+    server (``acceptance_rate``) is the minute's ratio exactly.
+    """
     families = {
         "vllm:spec_decode_num_accepted_tokens": "counter",
         "vllm:spec_decode_num_draft_tokens": "counter",
         "vllm:spec_decode_num_drafts": "counter",
         "vllm:kv_cache_usage_perc": "gauge",
     }
+    counters = list(families)[:3]
     lines: dict[str, list[str]] = {name: [] for name in families}
     for server in servers:
         labels = f'engine="0",instance="{server.instance}",model_name="{server.model}"'
@@ -167,16 +183,44 @@ def openmetrics(servers: Sequence[Server], start: float, end: float) -> str:
             accepted += minute.accepted
             tokens += minute.draft_tokens
             drafts += minute.drafts
-            for offset in (15, 30, 45, 60):
+            for offset in (5, 20, 35, 50):
                 at = minute.at + offset
-                grown = offset >= 30
-                values = (accepted, tokens, drafts) if grown else before
-                for name, value in zip(list(families)[:3], values, strict=True):
+                values = (accepted, tokens, drafts) if offset >= 30 else before
+                for name, value in zip(counters, values, strict=True):
                     lines[name].append(f"{name}_total{{{labels}}} {value!r} {at:.0f}")
-                lines["vllm:kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{labels}}} {minute.kv!r} {at:.0f}")
+                lines["vllm:kv_cache_usage_perc"].append(
+                    f"vllm:kv_cache_usage_perc{{{labels}}} {minute.kv!r} {at:.0f}"
+                )
     out = []
     for name, kind in families.items():
         out.append(f"# TYPE {name} {kind}")
         out.extend(lines[name])
     out.append("# EOF")
     return "\n".join(out) + "\n"
+
+
+def record_history(store: Path, servers: Sequence[Server], start: float, minutes: int, seed: int = 7) -> None:
+    """``minutes`` of the servers' traffic from ``start`` written straight into the history of the
+    store at ``store`` (scraped 30 s into each minute, as the daemon's history job records them),
+    without a daemon: for tests of what reads history. Each server's ``truth`` keeps what it did."""
+    import asyncio
+
+    from specguard.store import history
+    from specguard.store.database import opened
+    from specguard.store.exposition import parse_exposition
+
+    timeline = Timeline(list(servers), seed=seed)
+
+    async def write() -> None:
+        async with opened(store) as db:
+            for i in range(minutes):
+                minute = start + i * 60
+                scrapes = []
+                for server in servers:
+                    timeline.advance(server, minute)
+                    scrapes.append(
+                        (server.instance, minute + 30, parse_exposition(timeline.exposition(server)))
+                    )
+                await db.call(lambda c, s=scrapes: history.record(c, s), synced=False)
+
+    asyncio.run(write())
