@@ -117,7 +117,11 @@ def _period(args: argparse.Namespace, now: float) -> tuple[float, float]:
 def _loaded(args: argparse.Namespace, rules: Path) -> Any:
     from specguard.config.loading import load
 
-    overrides = {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
+    overrides: dict[str, Any] = (
+        {"state_dir": str(Path.cwd() / args.state_dir.expanduser())} if args.state_dir else {}
+    )
+    if args.from_prometheus:  # its rules are checked, raw PromQL among them, as on a Prometheus source
+        overrides["sources"] = {"prometheus": {"url": args.from_prometheus}}
     if not rules.is_file():
         raise _Refused(f"{PROG}: {rules}: no such rules file")
     loaded = load(args.config, [str(rules)], overrides)
