@@ -7,5 +7,6 @@ simulated clock through the daemon's own parts: ``judge.py`` evaluates each rule
 controller, in a scratch store, with the actions rehearsed (``rehearsal.py``: nothing in the world
 changes). ``plan.py`` says how each rule is replayed and what history cannot replay; ``incidents.py``
 scores the firings against known incidents; ``calibrate.py`` proposes a detector's φ;
-``compare.py``, ``render.py`` and ``page.py`` show the result; ``run.py`` is all of it in order.
+``result.py`` turns it into episodes and scores, ``render.py`` (with ``--compare``) and ``page.py``
+show it; ``run.py`` is all of it in order.
 """

@@ -114,8 +114,8 @@ async def _one(run: Backtest, result: RuleResult, loaded: Loaded) -> dict[str, A
             out["proposed_false_alarms"] = count
             out["proposed_h_at_learned_phi"] = h * phi / learned
             out["said"] = (
-                f"{found} false alarm(s), {rate}: phi {_num(phi)} (learned {_num(learned)}) gives {count} on the "
-                f"same traffic; at the learned phi that is h {h * phi / learned:.2f} instead of {h:.2f}"
+                f"{found} false alarm(s), {rate}: phi {_num(phi)} instead of {_num(learned)} gives {count} on "
+                f"the same traffic; at phi {_num(learned)} that is h {h * phi / learned:.2f} instead of {h:.2f}"
             )
             return out
     out["proposed_phi"] = None

@@ -5,6 +5,9 @@ should not need it, so it is imported inside the functions that draw, and a repo
 what to install instead of failing. The figures are ``matplotlib.figure.Figure`` objects made
 directly, never through pyplot: no global figure registry to leak into and no backend to select,
 so drawing is safe from any thread, and a figure is freed as soon as it is dropped.
+
+``timeline`` draws a rule's series over a period (its value, threshold, pending and firing) for
+the backtest's page, which shares these charts' size, style and optional dependency.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import importlib
 import io
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from specguard.report.model import LATENCY, Report
+from specguard.rules.durations import format_duration
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -34,6 +39,7 @@ _DPI = 100
 _ACCEPTANCE = "#1f6fb4"
 _LENGTH = "#d9822b"
 _BASELINE = "#9aa5b1"
+_THRESHOLD = "#56606d"
 
 
 @dataclass(frozen=True)
@@ -286,3 +292,145 @@ def _latency(series: dict[str, Any]) -> tuple[bytes, str] | None:
         parts.append(f"{signal} {shown} (baseline {baseline * scale:.{digits}f} {unit})")
     figure.suptitle(f"Latency against the baseline, {label(series)}", fontsize=10, x=0.01, ha="left")
     return _png(figure), f"Latency of {label(series)} this week against its baseline: {'; '.join(parts)}."
+
+
+# A timeline's lines are drawn from at most two points per stretch of time, _STRETCHES of them
+# over its width (the lowest and the highest value of each, so that a dip shorter than a pixel still
+# shows): a week at one-minute steps, 10,080 evaluations, draws as 1,600 points.
+_STRETCHES = 800
+_SHADED = {"pending": ("#e0a526", 0.28), "firing": ("#c0362c", 0.22)}  # colour, opacity
+
+
+def timeline(
+    times: Sequence[float],
+    values: Sequence[float],
+    thresholds: Sequence[float],
+    states: Sequence[str],
+    title: str,
+    ylabel: str,
+    period: tuple[float, float] | None = None,
+) -> tuple[bytes, str] | None:
+    """One series of a rule over a period, as a PNG and its alt text: its value at each evaluation,
+    the threshold it was judged against, and the time it was pending or firing shaded.
+
+    ``times`` are Unix times (shown in UTC); ``values`` and ``thresholds`` are NaN where there was
+    none (a gap); ``states`` is the series' state after each evaluation, ``pending`` and ``firing``
+    shaded up to the next. ``period``: the axis's extent (default: the evaluations'). None when
+    there is no evaluation. Raises RuntimeError (with what to install) without matplotlib,
+    ValueError for sequences of different lengths."""
+    missing = available()
+    if missing is not None:
+        raise RuntimeError(missing)
+    if not len(times) == len(values) == len(thresholds) == len(states):
+        raise ValueError("a timeline needs as many values, thresholds and states as times")
+    if not times:
+        return None
+    from matplotlib import dates
+
+    at = [float(t) for t in times]
+    last = at[-1] + (at[-1] - at[-2] if len(at) > 1 else 60.0)  # the last state holds one more step
+    start, end = period if period is not None else (at[0], last)
+    spans = {state: _spans(at, states, state, min(last, end)) for state in _SHADED}
+    zero = dates.date2num(_utc(0))  # type: ignore[no-untyped-call]  # Unix time 0 as matplotlib's days
+
+    def axis(t: float) -> float:
+        return float(zero) + t / 86400
+
+    figure = _figure()
+    axes = figure.add_subplot()
+    lines = [(values, "value", "-", _ACCEPTANCE), (thresholds, "threshold", "--", _THRESHOLD)]
+    shown = []
+    for sequence, name, style, colour in lines:
+        numbers = [_number(v) for v in sequence]
+        shown.append([v for v in numbers if not math.isnan(v)])
+        if shown[-1]:
+            xs, ys = _envelope(at, numbers)
+            # a marker as well when the values are few: one between gaps is no line at all
+            marker = "o" if len(shown[-1]) <= 60 and name == "value" else None
+            axes.plot([axis(t) for t in xs], ys, style, color=colour, linewidth=1.1, marker=marker,
+                      markersize=3, label=name)  # fmt: skip
+    for state, (colour, opacity) in _SHADED.items():
+        if spans[state]:  # the whole height (axes coordinates), whatever the values' scale
+            axes.broken_barh([(axis(a), (b - a) / 86400) for a, b in spans[state]], (0, 1),
+                             transform=axes.get_xaxis_transform(), facecolor=colour, alpha=opacity,
+                             linewidth=0, label=state)  # fmt: skip
+    if not any(shown):
+        axes.set_yticks([])
+    axes.set_xlim(axis(min(start, at[0])), axis(max(end, at[-1])))
+    locator = dates.AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
+    axes.xaxis.set_major_locator(locator)
+    axes.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=UTC))  # type: ignore[no-untyped-call]
+    axes.set_ylabel(ylabel, fontsize=9)
+    axes.set_xlabel("UTC", fontsize=8)
+    axes.grid(True, alpha=0.3)
+    axes.tick_params(labelsize=8)
+    if any(shown) or any(spans.values()):  # else no artist has a label, and matplotlib warns
+        figure.legend(loc="outside lower center", ncols=4, fontsize=8, frameon=False)
+    _title(axes, title)
+    return _png(figure), _timeline_alt(title, at, shown[0], shown[1], spans)
+
+
+def _utc(at: float) -> datetime:
+    return datetime.fromtimestamp(at, UTC)
+
+
+def _spans(at: Sequence[float], states: Sequence[str], state: str, last: float) -> list[tuple[float, float]]:
+    """The stretches of time the series was in ``state``: from the evaluation that found it so to
+    the next evaluation that did not (``last`` for the final one)."""
+    out: list[tuple[float, float]] = []
+    begun: float | None = None
+    for t, now in zip(at, states, strict=True):
+        if now == state and begun is None:
+            begun = t
+        elif now != state and begun is not None:
+            out.append((begun, t))
+            begun = None
+    if begun is not None:
+        out.append((begun, max(last, begun)))
+    return out
+
+
+def _envelope(at: Sequence[float], values: Sequence[float]) -> tuple[list[float], list[float]]:
+    """At most two points per stretch of ``_STRETCHES``, its lowest and highest known value in their
+    order of time, or a gap (NaN) for a stretch without any."""
+    if len(at) <= 2 * _STRETCHES:
+        return list(at), list(values)
+    size = math.ceil(len(at) / _STRETCHES)
+    xs: list[float] = []
+    ys: list[float] = []
+    for first in range(0, len(at), size):
+        known = [i for i in range(first, min(first + size, len(at))) if not math.isnan(values[i])]
+        picked = (
+            sorted({min(known, key=values.__getitem__), max(known, key=values.__getitem__)}) if known else []
+        )
+        xs += [at[i] for i in picked] or [at[first]]
+        ys += [values[i] for i in picked] or [math.nan]
+    return xs, ys
+
+
+def _timeline_alt(
+    title: str,
+    at: Sequence[float],
+    known: Sequence[float],
+    limits: Sequence[float],
+    spans: Mapping[str, Sequence[tuple[float, float]]],
+) -> str:
+    """What the timeline shows, in words: its range of values and threshold, and its shaded time."""
+    plural = "s" if len(at) != 1 else ""
+    parts = [
+        f"{title}: {len(at)} evaluation{plural} from {_utc(at[0]):%Y-%m-%d %H:%M} to {_utc(at[-1]):%Y-%m-%d %H:%M} UTC"
+    ]
+    if known:
+        parts.append(f"value between {min(known):.4g} and {max(known):.4g}")
+    if len(known) < len(at):
+        parts.append(f"{len(at) - len(known)} without a value")
+    if limits:
+        low, high = min(limits), max(limits)
+        parts.append(f"threshold {low:.4g}" if low == high else f"threshold between {low:.4g} and {high:.4g}")
+    for state, stretches in spans.items():
+        if stretches:
+            total = format_duration(round(sum(b - a for a, b in stretches)))
+            parts.append(f"{state} {len(stretches)} time{'s' if len(stretches) != 1 else ''}, {total} in all")
+    if not any(spans.values()):
+        parts.append("never pending or firing")
+    return "; ".join(parts) + "."

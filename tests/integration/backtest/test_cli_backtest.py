@@ -157,6 +157,21 @@ def test_two_rules_files_side_by_side(run: Run) -> None:
     assert rule["episodes"][0]["fired"] == COLLAPSE[0] + 60
 
 
+def test_html_writes_the_page_beside_the_table(run: Run, host: Path) -> None:
+    code, out, _ = run("--rules", "rules.yaml", *PERIOD, "--compare", "candidate.yaml", "--html", "page.html")
+    assert code == 0 and out.startswith("side by side:")
+    page = (host / "page.html").read_text()
+    assert page.startswith("<!doctype html>") or page.lower().startswith("<!doctype html>")
+    for name in ("rules.yaml", "candidate.yaml", "acceptance_fallback", "acceptance_low", "by_engine"):
+        assert name in page
+    from specguard.report import charts
+
+    if charts.available() is None:  # a timeline for each series of each run that replayed a rule
+        assert page.count("data:image/png;base64,") >= 5
+    else:
+        assert "Charts are not included" in page
+
+
 def test_incidents_score_the_candidate_with_its_delays(run: Run, host: Path) -> None:
     (host / "incidents.yaml").write_text(
         "incidents:\n"
