@@ -47,10 +47,15 @@ class PrometheusServer:
 
 @asynccontextmanager
 async def running_prometheus(
-    target: str | Mapping[str, Sequence[str]], directory: Path, port: int, rule_files: Sequence[Path] = ()
+    target: str | Mapping[str, Sequence[str]],
+    directory: Path,
+    port: int,
+    rule_files: Sequence[Path] = (),
+    tsdb: Path | None = None,
 ) -> AsyncIterator[PrometheusServer]:
     """A real Prometheus on 127.0.0.1:``port`` scraping every second ``target`` (host:port, as job
-    ``vllm``), or each job's targets (``{"vllm": [...], "specguard": [...]}``), with ``rule_files``."""
+    ``vllm``), or each job's targets (``{"vllm": [...], "specguard": [...]}``; ``{}``: none), with
+    ``rule_files``. ``tsdb``: serve the blocks there (``write_blocks``), kept however old they are."""
     binary = require_binary("prometheus", "prometheus")
     config = directory / "prometheus.yml"
     jobs = {"vllm": [target]} if isinstance(target, str) else target
@@ -61,7 +66,8 @@ async def running_prometheus(
             [
                 binary,
                 f"--config.file={config}",
-                f"--storage.tsdb.path={directory / 'data'}",
+                f"--storage.tsdb.path={tsdb or directory / 'data'}",
+                *(["--storage.tsdb.retention.time=100y"] if tsdb is not None else []),
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--log.level=warn",
             ],
@@ -99,3 +105,20 @@ async def _wait_ready(server: PrometheusServer, process: subprocess.Popen[bytes]
 
 def _tail(log: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+
+
+def write_blocks(openmetrics: str, directory: Path) -> Path:
+    """``openmetrics`` (text with timestamps, ending in ``# EOF``) written into TSDB blocks with
+    ``promtool tsdb create-blocks-from openmetrics``, for ``running_prometheus(tsdb=...)``."""
+    promtool = require_binary("promtool", "prometheus")
+    source = directory / "samples.om"
+    source.write_text(openmetrics)
+    data = directory / "tsdb"
+    made = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(source), str(data)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    return data

@@ -1,13 +1,16 @@
 """The report's synthetic week, played live through a real daemon (``tests/backtest_week.py``), then
 backtested from the history that daemon kept: every firing it recorded must come back at the same
 minute (the backtest judges a minute at its end, the daemon judged it 30 s in), with the same
-fallback; and for deliberately bad thresholds, the missed incidents and false alarms counted
-against the week's known incidents must be the ones the test works out from the timeline's own
-ground truth, with none of specguard's code."""
+fallback; for deliberately bad thresholds, the missed incidents and false alarms counted against
+the week's known incidents must be the ones the test works out from the timeline's own ground
+truth, with none of specguard's code; and the same week, as a Prometheus scraping every 15 s would
+hold it (``backtest_week.openmetrics``, written into a real Prometheus's TSDB with ``promtool tsdb
+create-blocks-from openmetrics``), replayed from Prometheus must read and fire as from history."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,9 +20,13 @@ import pytest
 
 from specguard.backtest.incidents import Incident, recorded
 from specguard.backtest.incidents import load as load_incidents
+from specguard.backtest.judge import Trace, moments
+from specguard.backtest.prometheus_range import MOST_POINTS, RangeSource
+from specguard.backtest.result import RuleResult
 from specguard.backtest.run import Backtest, backtest
 from specguard.config.loading import load
 from tests import backtest_week
+from tests.prometheus_server import running_prometheus, write_blocks
 from tests.week import COLLAPSE, PRESSURE, Minute
 
 MINUTE = 60.0
@@ -191,3 +198,100 @@ def test_a_bad_threshold_misses_and_false_alarms_are_the_known_ones(
     assert (collapse.score.incidents, collapse.score.caught) == (1, 0)
     assert [i.note for i in collapse.score.missed] == ["draft collapsed"]
     assert collapse.score.false_alarms == []
+
+
+# --- the same week from a real Prometheus ---------------------------------------------------------
+
+A = {"instance": "vllm-a:8000", "model_name": "model-a"}
+B = {"instance": "vllm-b:8000", "model_name": "model-b"}
+QUIET_PERIOD = 600.0  # the fallback's quiet_period in backtest_week.CONFIG
+# The threshold rules: their ratios and averages are exact from Prometheus too. (The detector weighs
+# a window by its counts, which Prometheus's rate() extrapolates to the window's edges, by 4/3 here:
+# its evidence differs, as it does for a daemon on Prometheus.)
+THRESHOLD_RULES = ("acceptance_collapse", "kv_pressure")
+
+
+async def _both(played: backtest_week.Played, url: str) -> tuple[Backtest, Backtest, int]:
+    """The threshold rules over the week from history, then from Prometheus; and how many range
+    queries Prometheus was asked."""
+    history = await backtest(
+        load(played.config, [str(played.rules)]), played.start, played.end, THRESHOLD_RULES
+    )
+    source = RangeSource(url, 30.0)
+    try:
+        from_prometheus = await backtest(
+            load(played.config, [str(played.rules)]),
+            played.start,
+            played.end,
+            THRESHOLD_RULES,
+            prometheus=source,
+        )
+    finally:
+        await source.close()
+    return history, from_prometheus, source.queries
+
+
+def _times(result: RuleResult) -> list[tuple[dict[str, str], float | None, float, float | None]]:
+    return [(dict(e.labels), e.pending, e.fired, e.resolved) for e in result.episodes]
+
+
+def _readings(trace: Trace) -> dict[float, float]:
+    """What the series read at each evaluation that had a value."""
+    return {at: value for at, value in zip(trace.at, trace.value, strict=True) if not math.isnan(value)}
+
+
+@pytest.mark.real
+def test_the_week_replayed_from_a_real_prometheus_fires_as_replayed_from_history(
+    played: backtest_week.Played, tmp_path: Path, unused_tcp_port: int
+) -> None:
+    data = write_blocks(backtest_week.openmetrics(played.servers, played.start, played.end), tmp_path)
+
+    async def replayed() -> tuple[Backtest, Backtest, int]:
+        async with running_prometheus({}, tmp_path, unused_tcp_port, tsdb=data) as server:
+            return await _both(played, server.url)
+
+    history, prometheus, queries = asyncio.run(replayed())
+    assert (history.source, prometheus.source) == ("history", "prometheus")
+    assert [r.name for r in prometheus.rules] == [r.name for r in history.rules] == list(THRESHOLD_RULES)
+    evaluations = len(moments(played.start, played.end - 1e-6, MINUTE))  # 10,080: every minute of the week
+    for h, p in zip(history.rules, prometheus.rules, strict=True):
+        assert p.plan.skip is None and p.plan.every == MINUTE
+        assert p.judged.errors == {} and h.judged.errors == {}
+        assert p.judged.evaluations == h.judged.evaluations == evaluations
+        # The same readings: every value history had, Prometheus had at the same moment. Prometheus
+        # also has the period's first minute, which history cannot: the daemon's first scrape had
+        # nothing before it.
+        assert p.judged.traces.keys() == h.judged.traces.keys()
+        for key, trace in h.judged.traces.items():
+            in_history, in_prometheus = _readings(trace), _readings(p.judged.traces[key])
+            assert len(in_history) >= evaluations - 2, (h.name, key)
+            assert in_history.keys() <= in_prometheus.keys()
+            assert in_prometheus.keys() - in_history.keys() <= {played.start + MINUTE}
+            different = {
+                at: (in_history[at], in_prometheus[at])
+                for at in in_history
+                if not math.isclose(in_history[at], in_prometheus[at], rel_tol=1e-9, abs_tol=1e-12)
+            }
+            assert different == {}, (h.name, key, sorted(different.items())[:5])
+        assert p.episodes == h.episodes, h.name  # the same firings, and their first actions
+
+    collapse, pressure = prometheus.rules
+    assert _times(collapse) == [
+        # the first collapsed minute (14:00) judged at 14:01; the third in a row fires at 14:03
+        (A, COLLAPSE[0] + MINUTE, COLLAPSE[0] + 3 * MINUTE, COLLAPSE[1] + MINUTE)
+    ]
+    assert _times(pressure) == [
+        # full from 13:00, judged at 13:01; for 5m: fires at 13:06
+        (B, PRESSURE[0] + MINUTE, PRESSURE[0] + MINUTE + 5 * MINUTE, PRESSURE[1] + MINUTE)
+    ]
+    # The fallback engaged and restored at the same moments: at the firing, and a quiet period after
+    # the resolution.
+    fired, resolved = collapse.episodes[0].fired, collapse.episodes[0].resolved
+    assert resolved is not None
+    assert (
+        prometheus.flags
+        == history.flags
+        == {"fallback": [(fired, "engage"), (resolved + QUIET_PERIOD, "restore")]}
+    )
+    # One range query per rule over the whole week, not one query per minute.
+    assert queries == len(THRESHOLD_RULES) * math.ceil(evaluations / MOST_POINTS) == 2
