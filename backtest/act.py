@@ -77,7 +77,9 @@ async def act(loaded: Loaded, judged: Sequence[Judged], end: float, live_store: 
     times = sorted(moments)
     clock = Clock(times[0] if times else end)
     shared = Shared(loaded, clock)
-    await shared.source.close()
+    await shared.source.close()  # the config's sources: never read here
+    if shared.history_source is not None:
+        await shared.history_source.close()
     rounds = Rounds(shared)
     acted = Acted()
     flags = {

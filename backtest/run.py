@@ -75,6 +75,14 @@ async def backtest(
         prometheus.bind(now, [p for p in plans if p.skip is None], start, end)
     else:
         source = _history(plans, store, start, end, now)
+        held = source.held()
+        if held is None:
+            out.notes.append(f"the state database {store} holds no history in the period: nothing to replay")
+        elif held[0] > start + plan.MINUTE or held[1] < end - 2 * plan.MINUTE:
+            out.notes.append(
+                f"history holds {_utc(held[0])} to {_utc(held[1] + plan.MINUTE)} UTC of the period only "
+                "(its retention, or the daemon not running): the rest reads as no data"
+            )
     out.source_of = (source, now.set)
     for p in plans:
         if prometheus is not None:
@@ -105,6 +113,12 @@ async def backtest(
         if every_incident and result.plan.skip is None:
             result.score = score(result.name, result.episodes, _for(result.name, incidents, lives, end), end)
     return out
+
+
+def _utc(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def _for(rule: str, incidents: Sequence[Incident], lives: Sequence[Recorded], end: float) -> list[Incident]:

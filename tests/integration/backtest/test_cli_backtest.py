@@ -128,6 +128,15 @@ def test_the_table_shows_each_rule_its_firings_actions_and_what_history_cannot_r
     assert "2026-12-01 11:41:00 fallback restore ok: speculative decoding restored after 38m engaged" in out
 
 
+def test_a_period_longer_than_history_says_what_it_holds(run: Run) -> None:
+    code, out, _ = run("--rules", "candidate.yaml", "--since", "5h", "--until", _iso(T0 + HOURS * 3600))
+    assert code == 0
+    assert "note: history holds 2026-12-01 10:00 to 2026-12-01 13:00 UTC of the period only" in out
+    code, out, _ = run("--rules", "candidate.yaml", "--since", "2h", "--until", _iso(T0 - 3600))
+    assert code == 0 and "holds no history in the period: nothing to replay" in out
+    assert "no firing in 120 evaluations of 0 series" in out
+
+
 def test_json_holds_the_episodes_actions_and_totals(run: Run) -> None:
     code, out, _ = run("--rules", "rules.yaml", "--rule", "acceptance_fallback", *PERIOD, "--json")
     assert code == 0
