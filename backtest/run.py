@@ -75,12 +75,12 @@ async def backtest(
         prometheus.bind(now, [p for p in plans if p.skip is None], start, end)
     else:
         source = _history(plans, store, start, end, now)
-        held = source.held()
-        if held is None:
+        holds = source.held()
+        if holds is None:
             out.notes.append(f"the state database {store} holds no history in the period: nothing to replay")
-        elif held[0] > start + plan.MINUTE or held[1] < end - 2 * plan.MINUTE:
+        elif holds[0] > start + plan.MINUTE or holds[1] < end - 2 * plan.MINUTE:
             out.notes.append(
-                f"history holds {_utc(held[0])} to {_utc(held[1] + plan.MINUTE)} UTC of the period only "
+                f"history holds {_utc(holds[0])} to {_utc(holds[1] + plan.MINUTE)} UTC of the period only "
                 "(its retention, or the daemon not running): the rest reads as no data"
             )
     out.source_of = (source, now.set)

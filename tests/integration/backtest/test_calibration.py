@@ -47,7 +47,9 @@ rules:
 def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("host")
     (directory / "state").mkdir()
-    record_history(directory / "state" / "specguard.db", [Server("vllm-a:8000", "m", 3, wobbling)], T0, HOURS * 60)
+    record_history(
+        directory / "state" / "specguard.db", [Server("vllm-a:8000", "m", 3, wobbling)], T0, HOURS * 60
+    )
     (directory / "specguard.yaml").write_text("state_dir: state\n")
     (directory / "rules.yaml").write_text(RULES)
     return directory
@@ -55,7 +57,18 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def backtest(host: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     until = datetime.fromtimestamp(T0 + HOURS * 3600, UTC).strftime("%Y-%m-%dT%H:%M")
-    code = main(["backtest", "--config", str(host / "specguard.yaml"), "--since", f"{HOURS}h", "--until", until, *args])
+    code = main(
+        [
+            "backtest",
+            "--config",
+            str(host / "specguard.yaml"),
+            "--since",
+            f"{HOURS}h",
+            "--until",
+            until,
+            *args,
+        ]
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -102,7 +115,9 @@ def test_write_proposes_the_phi_in_a_copy_of_the_rules_file_that_replays_clean(
 
 def test_write_with_nothing_to_propose_writes_nothing(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (host / "calm.yaml").write_text(RULES.replace("phi: 1\n", "phi: 500\n"))
-    code, out, err = backtest(host, capsys, "--rules", str(host / "calm.yaml"), "--write", str(host / "none.yaml"))
+    code, out, err = backtest(
+        host, capsys, "--rules", str(host / "calm.yaml"), "--write", str(host / "none.yaml")
+    )
     assert code == 0 and not (host / "none.yaml").exists()
     assert "nothing to propose" in err
     assert "0 false alarm(s), at most 0 in 6h (one per 4w2d): phi 500 and h" in out

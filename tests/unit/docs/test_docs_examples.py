@@ -50,7 +50,10 @@ MARKED = {
     ("vllm-restart.md", "partial"): 1,  # the same
     ("sources.md", "partial"): 1,  # an excerpt of /api/status
     ("rule-examples.md", "partial"): 2,
-    ("backtest.md", "partial"): 1,  # an incidents file, not a config  # an example's timeline.yaml and expected.yaml, not configs
+    (
+        "backtest.md",
+        "partial",
+    ): 1,  # an incidents file, not a config  # an example's timeline.yaml and expected.yaml, not configs
 }
 # The top-level keys of another program's config (Prometheus, Alertmanager): such a YAML block is
 # counted below, and left to that program's own tools.
