@@ -132,16 +132,22 @@ async def _replay_with(run: Backtest, result: RuleResult, loaded: Loaded, phi: f
     firings, not the actions)."""
     plan = result.plan
     detect = plan.item.rule.detect
-    assert detect is not None and run.source_of is not None
+    assert detect is not None
     rule = plan.item.rule.model_copy(update={"detect": detect.model_copy(update={"phi": phi})})
     fixed = Plan(dataclasses.replace(plan.item, rule=rule), plan.live_every, plan.every, plan.notes)
-    source, set_clock = run.source_of
+    source, set_clock = run.replay_source()
     judged = await judge.judge(fixed, source, loaded.baseline, run.start, run.end - 1e-6, set_clock)
-    events = []
-    for moment in judged.moments:
-        for event in moment.outcome.events:
-            events.append({"rule": event.rule, "series": event.series, "labels": dict(event.labels),
-                           "kind": event.kind.value, "at": event.at, "runs": []})  # fmt: skip
+    events: list[dict[str, Any]] = [
+        {
+            "rule": e.rule,
+            "series": e.series,
+            "labels": dict(e.labels),
+            "kind": e.kind.value,
+            "at": e.at,
+            "runs": [],
+        }
+        for e in judged.events
+    ]
     episodes = episodes_of(events, run.end).get(plan.name, [])
     incidents = _incidents(run, result)
     if not incidents:

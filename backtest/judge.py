@@ -2,9 +2,11 @@
 
 ``evaluate_rule`` is the daemon's own (its reading, the pure engine, the sequential detector), given
 the states the previous evaluation left and the simulated moment; the source answers for that
-moment. What the engine decided at each moment is kept only where it matters to the second phase
-(``act.py``: an evaluation with events, or with series forgotten); what every series read and where
-it stood is kept as a compact trace for the page, the calibration and the summary.
+moment. Every event is kept (the episodes are made of them); the evaluations whose events the dispatcher acts
+on (a firing, a resolution: ``dispatch.planning.ACTIONABLE``) are kept whole for the second phase
+(``act.py``), since a series going pending or back to inactive changes nothing any action or guard
+reads; what every series read and where it stood is kept as a compact trace for the page, the
+calibration and the summary.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from dataclasses import dataclass, field
 
 from specguard.backtest.plan import Plan
 from specguard.daemon.evaluation import evaluate_rule
+from specguard.dispatch.planning import ACTIONABLE
 from specguard.engine.states import Outcome
 from specguard.sources.base import Source, SourceResult
 from specguard.store.baseline import Baseline
-from specguard.store.records import SeriesState, State
+from specguard.store.records import Event, SeriesState, State
 
 STATES = tuple(State)  # a state's code in a trace is its index here
 
@@ -54,7 +57,8 @@ class Moment:
 @dataclass
 class Judged:
     plan: Plan
-    moments: list[Moment] = field(default_factory=list)
+    moments: list[Moment] = field(default_factory=list)  # the evaluations the dispatcher acts on
+    events: list[Event] = field(default_factory=list)  # every event, in order
     traces: dict[str, Trace] = field(default_factory=dict)
     final: dict[str, SeriesState] = field(default_factory=dict)
     evaluations: int = 0
@@ -89,8 +93,10 @@ async def judge(
         set_clock(at)
         outcome, result = await evaluate_rule(item, source, baseline, states, at, every)
         judged.evaluations += 1
-        if outcome.events or outcome.forgotten:
-            judged.moments.append(Moment(at, states, outcome, result))
+        if outcome.events:
+            judged.events.extend(outcome.events)
+            if any(event.kind in ACTIONABLE for event in outcome.events):
+                judged.moments.append(Moment(at, states, outcome, result))
         if outcome.error is not None:
             errors[outcome.error] = errors.get(outcome.error, 0) + 1
         for key, series in outcome.states.items():

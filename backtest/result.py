@@ -48,7 +48,7 @@ def episodes_of(events: Sequence[Mapping[str, Any]], end: float) -> dict[str, li
             got["action"] = first_action(event["runs"])
         elif kind in ("resolved", "inactive"):
             got = open_.pop(key, {})
-            if got is not None and "fired" in got:
+            if "fired" in got:
                 out.setdefault(key[0], []).append(_episode(key, got, event["at"]))
     for key, got in open_.items():
         if "fired" in got:

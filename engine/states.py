@@ -24,6 +24,7 @@ A series absent for ``forget_after`` is forgotten; a pending or firing one is cl
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -60,8 +61,15 @@ class Outcome:
 
 
 def series_key(labels: Mapping[str, str]) -> str:
-    """A stable identity for a label set."""
-    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
+    """A stable identity for a label set: its labels as compact JSON, sorted by name."""
+    return _key(tuple(sorted(labels.items())))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _key(items: tuple[tuple[str, str], ...]) -> str:
+    # The same few thousand label sets come back every evaluation (a fleet's round asks for every
+    # series of every rule): their JSON is made once.
+    return json.dumps(dict(items), separators=(",", ":"))
 
 
 MISSING_SERIES = series_key({})
@@ -169,16 +177,19 @@ class _Stepper:
         )
 
     def error(self, key: str, old: SeriesState, message: str, seen: bool) -> None:
-        new = evolve(old, verdict=Verdict.ERROR, error=message, last_eval=self.now)
-        self._keep(key, evolve(new, last_seen=self.now) if seen else new)
+        if seen:
+            self._keep(
+                key, evolve(old, verdict=Verdict.ERROR, error=message, last_eval=self.now, last_seen=self.now)
+            )
+        else:
+            self._keep(key, evolve(old, verdict=Verdict.ERROR, error=message, last_eval=self.now))
 
     def data(self, key: str, old: SeriesState, verdict: Verdict, value: float, threshold: float) -> None:
         # A long gap in the data restarts the clock of a breach that is still pending.
         gap = old.last_data is not None and self.now - old.last_data > self.rule.max_gap
         if gap and old.state is State.PENDING:
             old = evolve(old, breach_since=None, consecutive=0)
-        seen = evolve(old, last_data=self.now, last_seen=self.now)
-        self._move(key, seen, verdict, verdict, value, threshold)
+        self._move(key, old, verdict, verdict, value, threshold, seen=True)
 
     def no_data(self, key: str, old: SeriesState, threshold: float | None) -> None:
         if old.last_seen is None and key != MISSING_SERIES:
@@ -202,9 +213,9 @@ class _Stepper:
     def forget(self, key: str, old: SeriesState) -> None:
         self.forgotten.append(key)
         if old.state is State.FIRING:
-            self._event(key, old, State.RESOLVED, None, old.threshold)
+            self._event(key, old.labels, old.state, State.RESOLVED, None, old.threshold, None)
         elif old.state is State.PENDING:
-            self._event(key, old, State.INACTIVE, None, old.threshold)
+            self._event(key, old.labels, old.state, State.INACTIVE, None, old.threshold, None)
         self.verdicts[key] = Verdict.NO_DATA
 
     def _keep(self, key: str, new: SeriesState) -> None:
@@ -213,20 +224,18 @@ class _Stepper:
         self.verdicts[key] = new.verdict
 
     def _event(
-        self, key: str, series: SeriesState, state: State, value: float | None, threshold: float | None
+        self,
+        key: str,
+        labels: Mapping[str, str],
+        previous: State,
+        state: State,
+        value: float | None,
+        threshold: float | None,
+        since: float | None,
     ) -> None:
         self.events.append(
             Event(
-                self.rule.name,
-                key,
-                series.labels,
-                state,
-                series.state,
-                self.now,
-                value,
-                threshold,
-                self.trigger,
-                series.breach_since if state is State.FIRING else None,
+                self.rule.name, key, labels, state, previous, self.now, value, threshold, self.trigger, since
             )
         )
 
@@ -239,37 +248,53 @@ class _Stepper:
         value: float | None,
         threshold: float | None,
         rule: RuleSpec | None = None,
+        seen: bool = False,
     ) -> None:
+        """``old`` judged ``verdict`` (``effective``: what it counts as, after the no-data policy),
+        its transitions recorded as events; the new state made once, from every change at once
+        (``seen``: the source answered for the series)."""
         rule = rule or self.rule
         now = self.now
-        new = evolve(old, verdict=verdict, value=value, threshold=threshold, error=None, last_eval=now)
+        changes: dict[str, object] = {
+            "verdict": verdict, "value": value, "threshold": threshold, "error": None, "last_eval": now,
+        }  # fmt: skip
+        if seen:
+            changes["last_data"] = changes["last_seen"] = now
         self.verdicts[key] = verdict
+        state, breach_since = old.state, old.breach_since
 
-        def enter(series: SeriesState, state: State, **changes: float | None) -> SeriesState:
-            self._event(key, series, state, value, threshold)
-            return evolve(series, state=state, since=now, moved_by=self.trigger, **changes)
+        def enter(to: State) -> None:
+            nonlocal state
+            self._event(
+                key, old.labels, state, to, value, threshold, breach_since if to is State.FIRING else None
+            )
+            changes.update(state=to, since=now, moved_by=self.trigger)
+            state = to
 
         if effective is Verdict.BREACH:
-            new = evolve(new, consecutive=old.consecutive + 1, last_breach=now, ok_since=None)
-            if new.state in (State.INACTIVE, State.RESOLVED):
-                new = enter(new, State.PENDING, breach_since=now)
-            elif new.breach_since is None:
-                new = evolve(new, breach_since=now)
-            started = new.breach_since if new.breach_since is not None else now
+            consecutive = old.consecutive + 1
+            changes.update(consecutive=consecutive, last_breach=now, ok_since=None)
+            if state in (State.INACTIVE, State.RESOLVED):
+                enter(State.PENDING)
+                breach_since = changes["breach_since"] = now
+            elif breach_since is None:
+                breach_since = changes["breach_since"] = now
+            started = breach_since if breach_since is not None else now
             if (
-                new.state is State.PENDING
+                state is State.PENDING
                 and now - started >= rule.for_seconds
-                and new.consecutive >= rule.consecutive
+                and consecutive >= rule.consecutive
             ):
-                new = enter(new, State.FIRING)
+                enter(State.FIRING)
         elif effective is Verdict.OK:
-            new = evolve(new, consecutive=0, breach_since=None)
-            if new.state is State.PENDING:
-                new = enter(new, State.INACTIVE)
-            elif new.state is State.FIRING:
+            changes.update(consecutive=0, breach_since=None)
+            if state is State.PENDING:
+                enter(State.INACTIVE)
+            elif state is State.FIRING:
                 ok_since = old.ok_since if old.ok_since is not None else now
                 if now - ok_since >= rule.keep_firing_for:
-                    new = enter(new, State.RESOLVED, ok_since=None)
+                    enter(State.RESOLVED)
+                    changes["ok_since"] = None
                 else:
-                    new = evolve(new, ok_since=ok_since)
-        self.states[key] = new
+                    changes["ok_since"] = ok_since
+        self.states[key] = evolve(old, **changes)

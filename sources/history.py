@@ -20,8 +20,11 @@ What it cannot answer it says, never guesses:
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import sqlite3
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,22 +75,42 @@ def not_kept(signal: Signal) -> str | None:
     return f"{name}: history does not keep {signal.metric.names[0]}; replay it from Prometheus"
 
 
-def components_of(signals: Iterable[Signal]) -> set[str] | None:
-    """The components ``signals`` read (None: every one, e.g. the positions' and buckets')."""
-    wanted: set[str] = {PRESENT}
+@dataclass(frozen=True)
+class Wanted:
+    """The components some signals read: by name, and by prefix (a histogram's buckets, the draft
+    positions); ``everything``: all of them."""
+
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+    everything: bool = False
+
+    def __contains__(self, name: str) -> bool:
+        return self.everything or name in self.names or name.startswith(self.prefixes)
+
+
+_POSITIONS = ("pos:", DRAFTS_BY_K)
+
+
+def components_of(signals: Iterable[Signal]) -> Wanted:
+    """The components ``signals`` read."""
+    names: set[str] = {PRESENT}
+    prefixes: set[str] = set()
     for signal in signals:
         name = signal.name
         if name in _RATIOS:
-            wanted.update(_RATIOS[name])
+            names.update(_RATIOS[name])
         elif name in _RATES:
-            wanted.add(_RATES[name])
+            names.add(_RATES[name])
         elif name in _GAUGES:
-            wanted.update({f"{_GAUGES[name]}:sum", f"{_GAUGES[name]}:n"})
+            names.update({f"{_GAUGES[name]}:sum", f"{_GAUGES[name]}:n"})
         elif name in _HISTOGRAMS:
-            return None
-        else:  # the speculative ones: positions and drafts by k, whose names are not known ahead
-            return None
-    return wanted
+            prefixes.add(f"{_HISTOGRAMS[name]}:le=")
+        elif signal.kind in (Kind.CHAIN, Kind.PER_POSITION, Kind.POSITIONS, Kind.SPEEDUP):
+            names.update(_SPECULATIVE)
+            prefixes.update(_POSITIONS)
+        else:
+            return Wanted(everything=True)
+    return Wanted(frozenset(names), tuple(sorted(prefixes)))
 
 
 @dataclass
@@ -97,57 +120,78 @@ class Recording:
 
     labels: dict[str, str]
     sums: dict[str, array[float]] = field(default_factory=dict)
+    _by_prefix: dict[str, list[tuple[str, array[float]]]] = field(default_factory=dict, repr=False)
+    _numbered: dict[str, list[tuple[float, array[float]]]] = field(default_factory=dict, repr=False)
 
     def total(self, name: str, first: int, last: int) -> float:
         """Component ``name`` summed over minutes [first, last)."""
         column = self.sums.get(name)
         return 0.0 if column is None else column[last] - column[first]
 
-    def totals(self, first: int, last: int, prefix: str) -> dict[str, float]:
-        """Every component whose name starts with ``prefix``, summed over minutes [first, last)."""
-        return {
-            name: column[last] - column[first]
-            for name, column in self.sums.items()
-            if name.startswith(prefix) and column[last] != column[first]
-        }
+    def named(self, prefix: str) -> list[tuple[str, array[float]]]:
+        """The components whose names start with ``prefix`` (looked for once)."""
+        found = self._by_prefix.get(prefix)
+        if found is None:
+            found = self._by_prefix[prefix] = [(n, c) for n, c in self.sums.items() if n.startswith(prefix)]
+        return found
+
+    def numbered(self, prefix: str) -> list[tuple[float, array[float]]]:
+        """The components ``prefix<number>`` (a histogram's ``le`` buckets, ``drafts:k=N``) by their
+        number, in order (read once)."""
+        found = self._numbered.get(prefix)
+        if found is None:
+            found = []
+            for name, column in self.named(prefix):
+                try:
+                    found.append((float(name[len(prefix) :]), column))
+                except ValueError:
+                    continue  # not a number: kept by no signal
+            found.sort(key=lambda item: item[0])
+            self._numbered[prefix] = found
+        return found
 
 
 def load(
-    db: sqlite3.Connection, start: float, end: float, wanted: set[str] | None = None
+    db: sqlite3.Connection, start: float, end: float, wanted: Wanted | None = None
 ) -> tuple[list[Recording], int]:
     """Every server's history over the minutes of [start, end) (``start`` on a minute), with the
     components ``wanted`` (None: all), and how many minutes the period has."""
     tables = Tables(db)
+    wanted = wanted or Wanted(everything=True)
     count = max(0, math.ceil((end - start) / MINUTE))
     names = {
         int(r[0]): (str(r[1]), str(r[2]))
         for r in db.execute("SELECT id, instance, model FROM history_series")
     }
-    minutes: dict[int, dict[str, dict[int, float]]] = {}
+    kept: dict[int, list[tuple[int, str]]] = {}  # a layout's wanted components: (index, name)
+    minutes: dict[int, dict[str, array[float]]] = {}  # each component's increase, minute by minute
     rows = db.execute(
         "SELECT series, minute, layout, data FROM history WHERE minute >= ? AND minute < ? ORDER BY series, minute",
         (int(start), int(start) + count * MINUTE),
     )
     for series, minute, layout, data in rows:
-        parts = tables.decode(layout, data)
+        picks = kept.get(layout)
+        if picks is None:
+            picks = kept[layout] = [(i, n) for i, n in enumerate(tables.keys(layout)) if n in wanted]
+        values = json.loads(zlib.decompress(data))
         index = (int(minute) - int(start)) // MINUTE
         columns = minutes.setdefault(int(series), {})
-        columns.setdefault(PRESENT, {})[index] = 1.0
-        for name, value in parts.items():
-            if wanted is None or name in wanted:
-                columns.setdefault(name, {})[index] = value
+        present = columns.get(PRESENT)
+        if present is None:
+            present = columns[PRESENT] = array("d", bytes(8 * count))
+        present[index] = 1.0
+        for i, name in picks:
+            column = columns.get(name)
+            if column is None:
+                column = columns[name] = array("d", bytes(8 * count))
+            column[index] = float(values[i])
     out = []
     for series, columns in minutes.items():
         instance, model = names[series]
         labels = {"instance": instance, "model_name": model} if model else {"instance": instance}
         recording = Recording(labels)
         for name, values in columns.items():
-            running = array("d", bytes(8 * (count + 1)))
-            total = 0.0
-            for i in range(count):
-                total += values.get(i, 0.0)
-                running[i + 1] = total
-            recording.sums[name] = running
+            recording.sums[name] = array("d", itertools.accumulate(values, initial=0.0))
         out.append(recording)
     return out, count
 
@@ -164,6 +208,10 @@ class HistorySource:
         self.start = start  # the period's first minute
         self.minutes = minutes
         self.clock = clock
+        # Each query's shape (signal, group_by, match) -> its groups of servers, or why not.
+        self._shapes: dict[
+            tuple[object, ...], str | list[tuple[tuple[tuple[str, str], ...], list[Recording]]]
+        ] = {}
 
     def held(self) -> tuple[float, float] | None:
         """The first and the last minute any server has in the period (None: none at all)."""
@@ -203,39 +251,47 @@ class HistorySource:
         match: Sequence[Matcher] = (),
         keep_intrinsic: bool = True,
     ) -> SourceResult:
+        shape = (signal.name, tuple(group_by), tuple(match), keep_intrinsic)
+        grouping = self._shapes.get(shape)
+        if grouping is None:
+            grouping = self._shapes[shape] = self._group(signal, group_by, match, keep_intrinsic)
+        if isinstance(grouping, str):
+            return SourceResult.failed(grouping)
+        first, last = self.span(window)
+        if last <= first:
+            return SourceResult()
+        grouped: dict[tuple[tuple[str, str], ...], list[Recording]] = {}
+        for key, members in grouping:
+            present = [r for r in members if r.total(PRESENT, first, last) > 0]
+            if present:  # a server not scraped in the window has no data
+                grouped[key] = present
+        return _answer(signal, grouped, first, last, match)
+
+    def _group(
+        self, signal: Signal, group_by: Sequence[str], match: Sequence[Matcher], keep_intrinsic: bool
+    ) -> str | list[tuple[tuple[tuple[str, str], ...], list[Recording]]]:
+        """The servers of each group a query of this shape reads (the same at every moment), or why
+        history cannot answer it."""
         why = not_kept(signal)
         if why is not None:
-            return SourceResult.failed(why)
+            return why
         groups = signal.groups(group_by, keep_intrinsic)
         outer = [g for g in groups if g != POSITION or signal.kind is not Kind.PER_POSITION]
         unkept = [g for g in outer if g not in KEPT_LABELS]
         unkept += [m.label for m in match if m.label not in KEPT_LABELS and m.label != POSITION]
         if unkept:
-            return SourceResult.failed(
-                f"history keeps {signal.name} by instance and model_name only, not by {', '.join(sorted(set(unkept)))}"
-            )
-        first, last = self.span(window)
+            return f"history keeps {signal.name} by instance and model_name only, not by {', '.join(sorted(set(unkept)))}"
+        selected = tuple(m for m in match if m.label != POSITION)
         grouped: dict[tuple[tuple[str, str], ...], list[Recording]] = {}
         for recording in self.recordings:
-            if last <= first or recording.total(PRESENT, first, last) <= 0:
-                continue  # the server was not scraped in the window: no data
-            if not all_match(tuple(m for m in match if m.label != POSITION), recording.labels):
-                continue
-            key = tuple((g, recording.labels[g]) for g in outer if recording.labels.get(g, "") != "")
-            grouped.setdefault(key, []).append(recording)
-        return _answer(signal, grouped, first, last, match)
+            if all_match(selected, recording.labels):
+                key = tuple((g, recording.labels[g]) for g in outer if recording.labels.get(g, "") != "")
+                grouped.setdefault(key, []).append(recording)
+        return list(grouped.items())
 
 
 def _sum(recordings: Sequence[Recording], name: str, first: int, last: int) -> float:
     return sum(r.total(name, first, last) for r in recordings)
-
-
-def _prefixed(recordings: Sequence[Recording], prefix: str, first: int, last: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for recording in recordings:
-        for name, value in recording.totals(first, last, prefix).items():
-            out[name] = out.get(name, 0.0) + value
-    return out
 
 
 def _answer(
@@ -275,11 +331,12 @@ def _answer(
                 items.append((labels, max(means) if signal.combine == "max" else sum(means)))
         elif name in _HISTOGRAMS:
             prefix = f"{_HISTOGRAMS[name]}:le="
-            buckets = [
-                (float(k[len(prefix) :]), v) for k, v in _prefixed(members, prefix, first, last).items()
-            ]
+            buckets: dict[float, float] = {}
+            for r in members:
+                for upper, column in r.numbered(prefix):
+                    buckets[upper] = buckets.get(upper, 0.0) + column[last] - column[first]
             assert signal.quantile is not None
-            items.append((labels, bucket_quantile(signal.quantile, sorted(buckets))))
+            items.append((labels, bucket_quantile(signal.quantile, sorted(buckets.items()))))
         elif signal.kind is Kind.POSITIONS:
             k = max((_positions(r, first, last) for r in members), default=0)
             if k > 0:
@@ -290,9 +347,10 @@ def _answer(
 
 
 def _drafts_by_k(recording: Recording, first: int, last: int) -> dict[int, float]:
-    found = recording.totals(first, last, DRAFTS_BY_K)
     return {
-        int(k[len(DRAFTS_BY_K) :]): v for k, v in found.items() if k[len(DRAFTS_BY_K) :].isdigit() and v > 0
+        int(k): grown
+        for k, column in recording.numbered(DRAFTS_BY_K)
+        if k == int(k) and (grown := column[last] - column[first]) > 0
     }
 
 
@@ -300,7 +358,7 @@ def _positions(recording: Recording, first: int, last: int) -> int:
     by_k = _drafts_by_k(recording, first, last)
     if by_k:
         return max(by_k)
-    return sum(1 for name in recording.sums if name.startswith("pos:"))
+    return len(recording.named("pos:"))
 
 
 def _speculative(

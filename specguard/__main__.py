@@ -2,4 +2,5 @@
 
 from specguard.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a worker process (backtest/workers.py) imports it again
+    raise SystemExit(main())
