@@ -11,12 +11,14 @@ the period are copied in first, so a firing they covered is deferred as it was.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import math
 import sqlite3
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,11 @@ async def act(loaded: Loaded, judged: Sequence[Judged], end: float, live_store: 
         if isinstance(a, FeatureFlagAction) and isinstance(a.backend, MemoryFlag)
     }
     seen = {name: 0 for name in flags}
+    # The phase's threads (the store's, the loop's pool's) are joined when it ends: a backtest after
+    # this one (``--compare``) then forks its workers from a single-threaded process (workers.py).
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(thread_name_prefix="specguard-backtest")
+    loop.set_default_executor(pool)
     await shared.store.open()
     try:
         if live_store is not None and times:
@@ -118,6 +125,8 @@ async def act(loaded: Loaded, judged: Sequence[Judged], end: float, live_store: 
     finally:
         await shared.dispatcher.stop()
         await shared.store.close()
+        loop.set_default_executor(ThreadPoolExecutor())  # no thread until something uses it
+        pool.shutdown(wait=True)
     return acted
 
 

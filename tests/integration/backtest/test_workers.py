@@ -99,3 +99,19 @@ def test_a_coroutine_that_waits_is_refused_rather_than_left_half_run() -> None:
     assert workers.settled(does_not()) == 2
     with pytest.raises(RuntimeError, match="needs an event loop"):
         workers.settled(waits())
+
+
+def test_a_backtest_leaves_no_thread_behind_so_the_next_one_forks(host: Path) -> None:
+    """``--compare`` runs two backtests in one event loop: the first's acting (its store, the
+    loop's pool of threads) must leave the process single-threaded, or the second would spawn its
+    workers and load the history again in each."""
+    loaded = load(host / "specguard.yaml", [str(host / "rules.yaml")])
+
+    async def first_then_count() -> int:
+        await backtest(loaded, T0, T0 + HOURS * 3600, jobs=1)
+        await asyncio.to_thread(lambda: None)  # the loop's pool still works afterwards
+        return threading.active_count()
+
+    before = threading.active_count()
+    assert asyncio.run(first_then_count()) == before + 1  # the pool's one thread, started just now
+    assert threading.active_count() == before
