@@ -96,6 +96,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_routing.py --write benchmarks/results/routing_latency.md
 	$(BIN)/python benchmarks/bench_coordination.py --write benchmarks/results/coordination.md
 	$(BIN)/python benchmarks/bench_fleet_prometheus.py --write benchmarks/results/fleet_prometheus.md
+	$(BIN)/python benchmarks/bench_backtest.py --write benchmarks/results/backtest.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache
