@@ -27,7 +27,6 @@ import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -202,16 +201,3 @@ def score(rule: str, episodes: Sequence[Episode], incidents: Sequence[Incident],
         ):
             out.false_alarms.append(episode)
     return out
-
-
-def parse_moment(text: str, option: str) -> float:
-    """A date on the command line, UTC unless it says otherwise. Raises ValueError naming ``option``."""
-    from datetime import UTC
-
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{option}: {text!r} is not a date like 2026-12-05 or 2026-12-05T10:00") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()

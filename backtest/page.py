@@ -76,16 +76,7 @@ def page(runs: Sequence[tuple[str, Backtest]]) -> str:
     for number, (label, run) in enumerate(runs):
         _run(out, number, label, run, len(runs) > 1, draw=missing is None)
     body = "\n".join(to_html.block_element(block, out.images, out.alts) for block in out.blocks)
-    shown = to_html.escape(title)
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
-        "style-src 'unsafe-inline'\">\n"
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{shown}</title>\n<style>{to_html.CSS}</style>\n</head>\n<body>\n<main>\n"
-        f"<h1>{shown}</h1>\n{body}\n</main>\n</body>\n</html>\n"
-    )
+    return to_html.document(title, body)
 
 
 def _totals(runs: Sequence[tuple[str, Backtest]]) -> Table:

@@ -132,14 +132,15 @@ async def backtest(
         ],
         end,
     )  # fmt: skip
-    every_incident = list(incidents) + [r.as_incident(end) for r in lives]
     out.incidents = list(incidents)
     for result in out.rules:
         result.episodes = episodes.get(result.name, [])
         result.actions = runs.get(result.name, [])
         result.recorded = [r for r in lives if r.rule == result.name]
         result.reproduced = reproduce(result.recorded, result.episodes, result.plan)
-        if every_incident and result.plan.skip is None:
+        # Scored when something is known of what happened: an incidents file, or what the rule of
+        # that name fired live. Without either, a firing is neither caught nor false: unknown.
+        if (incidents or result.recorded) and result.plan.skip is None:
             result.score = score(result.name, result.episodes, _for(result.name, incidents, lives, end), end)
     return out
 

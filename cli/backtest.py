@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specguard.cli.shared.options import add_config
+from specguard.cli.shared.options import add_config, parse_date
 
 PROG = "specguard backtest"
 MOST = 90 * 86400.0  # a longer period belongs in several runs
@@ -94,11 +94,10 @@ class _Refused(Exception):
 
 
 def _period(args: argparse.Namespace, now: float) -> tuple[float, float]:
-    from specguard.backtest.incidents import parse_moment
     from specguard.rules.durations import parse_duration
 
     try:
-        end = parse_moment(args.until, "--until") if args.until is not None else now
+        end = parse_date(args.until, "--until") if args.until is not None else now
         try:
             length = parse_duration(args.since)
         except ValueError as exc:

@@ -7,11 +7,10 @@ import argparse
 import asyncio
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from specguard.cli.shared.options import add_config
+from specguard.cli.shared.options import add_config, parse_date
 
 PROG = "specguard diagnose"
 SCRAPE_MOST = 3600.0  # a live window longer than this belongs in history
@@ -85,16 +84,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
 
-def _date(text: str) -> float:
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"--until: {text!r} is not a date like 2026-12-05 or 2026-12-05T10:00") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
 def window(args: argparse.Namespace, now: float) -> tuple[float, float, float | None]:
     """(start, end, seconds to scrape or None); ValueError naming the option when wrong."""
     from specguard.rules.durations import parse_duration
@@ -109,7 +98,7 @@ def window(args: argparse.Namespace, now: float) -> tuple[float, float, float | 
         if not 10 <= seconds <= SCRAPE_MOST:
             raise ValueError(f"--scrape: give 10s to 1h, not {args.scrape}")
         return now, now + seconds, seconds
-    end = _date(args.until) if args.until is not None else now
+    end = parse_date(args.until, "--until") if args.until is not None else now
     try:
         span = parse_duration(args.since or "1h")
     except ValueError as exc:

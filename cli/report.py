@@ -6,11 +6,10 @@ import argparse
 import asyncio
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from specguard.cli.shared.options import add_config
+from specguard.cli.shared.options import add_config, parse_date
 from specguard.cli.shared.statedb import state_database
 
 FORMATS = ("html", "md", "json")
@@ -46,16 +45,6 @@ def add_parser(sub: Any) -> None:
     )
 
 
-def _date(text: str, option: str) -> float:
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{option}: {text!r} is not a date like 2026-11-30 or 2026-11-30T08:00") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
 def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
     """[start, end) from the options; ValueError with the option's name when they are wrong."""
     from specguard.rules.durations import parse_duration
@@ -63,8 +52,8 @@ def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
     if args.end is not None and args.start is None:
         raise ValueError("--to needs --from")
     if args.start is not None:
-        start = _date(args.start, "--from")
-        end = _date(args.end, "--to") if args.end is not None else now
+        start = parse_date(args.start, "--from")
+        end = parse_date(args.end, "--to") if args.end is not None else now
     else:
         try:
             span = parse_duration(args.since or "7d")

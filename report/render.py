@@ -45,16 +45,7 @@ def html(report: Report, images: Mapping[str, bytes], alts: Mapping[str, str] | 
     URI; the style is inline; nothing is loaded from elsewhere and there is no script."""
     outline = sections.outline_of(report, set(images))
     body = "\n".join(to_html.block_element(block, images, alts or {}) for block in outline.blocks)
-    title = to_html.escape(outline.title)
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
-        "style-src 'unsafe-inline'\">\n"
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{title}</title>\n<style>{to_html.CSS}</style>\n</head>\n<body>\n<main>\n"
-        f"<h1>{title}</h1>\n{body}\n</main>\n</body>\n</html>\n"
-    )
+    return to_html.document(outline.title, body)
 
 
 def write(report: Report, fmt: str, out_dir: Path, drawn: list[charts.Chart] | None = None) -> list[Path]:

@@ -66,3 +66,18 @@ def block_element(block: Block, images: Mapping[str, bytes], alts: Mapping[str, 
     )
     compact = ' class="compact"' if block.compact else ""
     return f"<table{compact}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def document(title: str, body: str) -> str:
+    """A whole page: ``body`` (HTML) under ``title``, its style inline, nothing loaded from elsewhere
+    (its policy allows images as data: URIs and the inline style only) and no script."""
+    shown = escape(title)
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
+        "style-src 'unsafe-inline'\">\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{shown}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n"
+        f"<h1>{shown}</h1>\n{body}\n</main>\n</body>\n</html>\n"
+    )

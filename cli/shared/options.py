@@ -62,3 +62,17 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             # file is relative to the file).
             out[key] = str(Path.cwd() / value.expanduser()) if isinstance(value, Path) else value
     return out
+
+
+def parse_date(text: str, option: str) -> float:
+    """A date on the command line (``2026-12-05``, ``2026-12-05T10:00``), UTC unless it says
+    otherwise, as Unix seconds. Raises ValueError naming ``option``."""
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a date like 2026-12-05 or 2026-12-05T10:00") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
