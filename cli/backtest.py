@@ -135,9 +135,7 @@ def _loaded(args: argparse.Namespace, rules: Path) -> Any:
 
 
 async def _backtest(args: argparse.Namespace) -> int:
-    from specguard.backtest import calibrate, render
     from specguard.backtest.incidents import load as load_incidents
-    from specguard.backtest.run import BacktestError, backtest
     from specguard.common.yamlfile import FileProblems
 
     start, end = _period(args, time.time())
@@ -156,9 +154,23 @@ async def _backtest(args: argparse.Namespace) -> int:
         raise _Refused(
             f"{PROG}: --write: {args.write} is a rules file being replayed: write the proposal elsewhere"
         )
-    logging.getLogger("specguard").setLevel(
-        logging.WARNING
-    )  # the replay's events are the output, not log lines
+    # The replay's events are the output, not log lines (the daemon's parts say them at info); the
+    # level is put back after, for whatever runs next in this process.
+    said = logging.getLogger("specguard")
+    level = said.level
+    said.setLevel(logging.WARNING)
+    try:
+        return await _replayed(args, loads, start, end, incidents)
+    finally:
+        said.setLevel(level)
+
+
+async def _replayed(
+    args: argparse.Namespace, loads: list[tuple[Path, Any]], start: float, end: float, incidents: list[Any]
+) -> int:
+    from specguard.backtest import calibrate, render
+    from specguard.backtest.run import BacktestError, backtest
+
     runs = []
     for path, loaded in loads:
         prometheus = _prometheus(args, loaded)

@@ -95,12 +95,15 @@ class Played:
     flag: list[tuple[float, bool]] = field(default_factory=list)  # (when, speculative) as the file said
 
 
-def play(directory: Path, rules: str = RULES, days: float = 7.0, start: float = MONDAY) -> Played:
+def play(
+    directory: Path, rules: str = RULES, days: float = 7.0, start: float = MONDAY, state: Path | None = None
+) -> Played:
     """The week (``days`` of it from ``start``) played live; every ``time.time()`` of the daemon reads
-    the simulated clock meanwhile."""
+    the simulated clock meanwhile. ``state``: where the daemon keeps its database (default: in
+    ``directory``; a memory file system spares the week's 10,080 rounds their synced commits)."""
     import asyncio
 
-    state = directory / "state"
+    state = state or directory / "state"
     config = directory / "specguard.yaml"
     config.write_text(CONFIG.format(state=state))
     (directory / "rules.yaml").write_text(rules)

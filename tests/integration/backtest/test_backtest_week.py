@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,9 +35,18 @@ MINUTE = 60.0
 
 
 @pytest.fixture(scope="module")
-def played(tmp_path_factory: pytest.TempPathFactory) -> backtest_week.Played:
-    """The week, played once (about a minute and a quarter here); the tests replay it."""
-    return backtest_week.play(tmp_path_factory.mktemp("week"), backtest_week.RULES + backtest_week.DETECTOR)
+def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[backtest_week.Played]:
+    """The week, played once (about a minute here); the tests replay it. The daemon's database on a
+    memory file system when there is one: the test is about what was decided, not durability."""
+    shm = Path("/dev/shm")
+    state = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() else None
+    try:
+        yield backtest_week.play(
+            tmp_path_factory.mktemp("week"), backtest_week.RULES + backtest_week.DETECTOR, state=state
+        )
+    finally:
+        if state is not None:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 def replay(played: backtest_week.Played, rules: Path, incidents: Sequence[Incident] = ()) -> Backtest:

@@ -128,6 +128,19 @@ def test_the_table_shows_each_rule_its_firings_actions_and_what_history_cannot_r
     assert "2026-12-01 11:41:00 fallback restore ok: speculative decoding restored after 38m engaged" in out
 
 
+def test_the_logging_level_is_put_back_for_whatever_runs_next(run: Run) -> None:
+    import logging
+
+    said = logging.getLogger("specguard")
+    before = said.level
+    said.setLevel(logging.INFO)
+    try:
+        assert run("--rules", "candidate.yaml", *PERIOD)[0] == 0
+        assert said.level == logging.INFO
+    finally:
+        said.setLevel(before)
+
+
 def test_a_period_longer_than_history_says_what_it_holds(run: Run) -> None:
     code, out, _ = run("--rules", "candidate.yaml", "--since", "5h", "--until", _iso(T0 + HOURS * 3600))
     assert code == 0
