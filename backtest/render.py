@@ -97,7 +97,6 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def text(run: Backtest, label: str = "") -> str:
-    hours = (run.end - run.start) / 3600
     head = (
         f"backtest of {label or 'the rules'}: {moment(run.start)} to {moment(run.end)} UTC "
         f"({span(run.end - run.start)}), from {run.source}"
@@ -183,7 +182,6 @@ def text(run: Backtest, label: str = "") -> str:
         lines += ["", f"{run.silences} silence(s) recorded live over the period were applied"]
     for note in run.notes:
         lines.append(f"note: {note}")
-    del hours
     return "\n".join(lines) + "\n"
 
 

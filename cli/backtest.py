@@ -189,13 +189,16 @@ async def _replayed(
             if prometheus is not None:
                 await prometheus.close()
         runs.append((str(path), run))
-    if args.write is not None:
-        said = calibrate.write(runs[0][1], args.rules, args.write)
-        print(said, file=sys.stderr)
-    if args.html is not None:
-        from specguard.backtest.page import write_page
+    try:
+        if args.write is not None:
+            said = calibrate.write(runs[0][1], args.rules, args.write)
+            print(said, file=sys.stderr)
+        if args.html is not None:
+            from specguard.backtest.page import write_page
 
-        write_page(args.html, runs)
+            write_page(args.html, runs)
+    except OSError as exc:  # a directory it may not write in: said, as the other refusals are
+        raise _Refused(f"{PROG}: cannot write {exc.filename or ''}: {exc.strerror or exc}") from None
     if args.json:
         sys.stdout.write(render.as_text_json(runs))
     else:

@@ -272,6 +272,14 @@ def test_input_it_cannot_use_is_refused_in_one_line(
     assert "Traceback" not in err
 
 
+def test_a_page_it_may_not_write_is_refused_in_one_line(run: Run, host: Path) -> None:
+    (host / "locked").mkdir(exist_ok=True)
+    (host / "locked" / "page.html").mkdir(exist_ok=True)  # a directory where the page would go
+    code, out, err = run("--rules", "candidate.yaml", *PERIOD, "--html", "locked/page.html")
+    assert code == 2 and out == ""
+    assert err.startswith("specguard backtest: cannot write ") and "Traceback" not in err
+
+
 def test_a_bad_rule_is_refused_with_its_file_line_and_field(run: Run, host: Path) -> None:
     (host / "bad.yaml").write_text(
         "rules:\n  - name: x\n    signal: acceptance_rate\n    condition: '< lots'\n"
