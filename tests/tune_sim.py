@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from specguard.store import tune_results
+from specguard.store.database import opened
+from specguard.store.tune_results import TuneResult
 from tests.ports import free_port
-from tests.processes import Daemon
+from tests.processes import Daemon, specguard
 from tests.vllm_host import Host
 
 ACCEPTANCE = (0.9, 0.8, 0.6, 0.3, 0.2)
@@ -138,3 +143,44 @@ class TuneHost:
         if self.daemon.process is not None and self.daemon.process.poll() is None:
             self.daemon.stop()
         self.host.stop()
+
+
+# --- reading what `specguard tune` and the daemon say --------------------------------------------
+
+ROW = re.compile(
+    r"^(?P<klass>\w+)\s+(?P<k>\d+|off)\s+(?P<accept>[\d.-]+)\s+(?P<mal>[\d.-]+)\s+\S+\s+\S+\s+\S+\s+\S+\s+"
+    r"(?P<measured>[\d.]+)x\s+(?:(?P<predicted>[\d.]+)x|-)$"
+)
+
+
+async def ready(host: TuneHost) -> None:
+    await host.daemon.wait_for(lambda s: bool(s.get("rules")), timeout=60)
+
+
+async def ladder(host: TuneHost) -> dict[str, Any]:
+    code, out, err = await specguard("ladder", "show", "--config", str(host.config), "--format", "json")
+    assert code == 0, err
+    shown: dict[str, Any] = json.loads(out)[0]
+    return shown
+
+
+def rows(table: str) -> list[dict[str, str]]:
+    return [m.groupdict() for line in table.splitlines() if (m := ROW.match(line))]
+
+
+async def tune_kept(host: TuneHost) -> list[TuneResult]:
+    async with opened(host.root / "state" / "specguard.db") as store:
+        return await store.call(tune_results.latest, synced=False)
+
+
+def sections(out: str) -> dict[int, list[dict[str, str]]]:
+    """Each concurrency level's table rows (the lines between its heading and the next)."""
+    found: dict[int, list[dict[str, str]]] = {}
+    level = None
+    for line in out.splitlines():
+        if (m := re.match(r"^concurrency (\d+)$", line)) is not None:
+            level = int(m.group(1))
+            found[level] = []
+        elif level is not None and (row := ROW.match(line)) is not None:
+            found[level].append(row.groupdict())
+    return found

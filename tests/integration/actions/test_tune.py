@@ -22,36 +22,23 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from specguard.actions.vllm_restart.server import Server, positions
-from specguard.playbook.serve_config.serving import load_serving
-from specguard.playbook.tune.batches import schedule
 from specguard.playbook.tune.verdict import TIE
-from specguard.store import tune_results
-from specguard.store.database import opened
-from specguard.store.tune_results import TuneResult
 from tests.processes import specguard
 from tests.tune_sim import (
-    BATCH_SWEEP,
-    BATCHED,
-    LEVELS,
     ORIGINAL,
     SWEEP,
     TRUE_BEST,
     TuneHost,
-    true_acceptance_length,
-    true_batch_best,
-    true_batch_speedup,
+    ladder,
+    ready,
+    rows,
     true_speedup,
-)
-
-ROW = re.compile(
-    r"^(?P<klass>\w+)\s+(?P<k>\d+|off)\s+(?P<accept>[\d.-]+)\s+(?P<mal>[\d.-]+)\s+\S+\s+\S+\s+\S+\s+\S+\s+"
-    r"(?P<measured>[\d.]+)x\s+(?:(?P<predicted>[\d.]+)x|-)$"
+    tune_kept,
 )
 
 
@@ -61,21 +48,6 @@ def served(tmp_path: Path) -> Iterator[TuneHost]:
     host.start()
     yield host
     host.stop()
-
-
-async def ready(host: TuneHost) -> None:
-    await host.daemon.wait_for(lambda s: bool(s.get("rules")), timeout=60)
-
-
-async def ladder(host: TuneHost) -> dict[str, Any]:
-    code, out, err = await specguard("ladder", "show", "--config", str(host.config), "--format", "json")
-    assert code == 0, err
-    shown: dict[str, Any] = json.loads(out)[0]
-    return shown
-
-
-def rows(table: str) -> list[dict[str, str]]:
-    return [m.groupdict() for line in table.splitlines() if (m := ROW.match(line))]
 
 
 async def test_the_sweep_predicts_measures_and_recommends_the_true_best_k(served: TuneHost) -> None:
@@ -134,88 +106,6 @@ async def test_the_sweep_predicts_measures_and_recommends_the_true_best_k(served
     assert kept[0].result["ks"] == list(SWEEP) and TRUE_BEST in kept[0].result["within_margin"]
     assert set(kept[0].result["scores"]) == {str(k) for k in SWEEP}
     assert f"recorded in {served.root / 'state' / 'specguard.db'} (tune_results): k={TRUE_BEST}" in err, err
-
-
-async def tune_kept(host: TuneHost) -> list[TuneResult]:
-    async with opened(host.root / "state" / "specguard.db") as store:
-        return await store.call(tune_results.latest, synced=False)
-
-
-def sections(out: str) -> dict[int, list[dict[str, str]]]:
-    """Each concurrency level's table rows (the lines between its heading and the next)."""
-    found: dict[int, list[dict[str, str]]] = {}
-    level = None
-    for line in out.splitlines():
-        if (m := re.match(r"^concurrency (\d+)$", line)) is not None:
-            level = int(m.group(1))
-            found[level] = []
-        elif level is not None and (row := ROW.match(line)) is not None:
-            found[level].append(row.groupdict())
-    return found
-
-
-async def test_a_concurrency_sweep_writes_a_k_per_batch_size_that_falls_as_batches_grow(
-    tmp_path: Path,
-) -> None:
-    """On a simulator whose decode turns compute-bound as batches grow, the best k at concurrency 2
-    is 3 and at 8 is 1 (tests/tune_sim.py, by about 36 % and 28 %); tune measures both levels,
-    recommends a schedule that falls, and --write puts it in the serving file with the k that caps
-    it (vLLM caps each range's k at num_speculative_tokens), a file serve-config renders."""
-    low, high = LEVELS
-    assert (true_batch_best(low), true_batch_best(high)) == (3, 1)
-    assert true_batch_speedup(3, low) > 1.3 * true_batch_speedup(1, low)
-    assert true_batch_speedup(1, high) > 1.2 * true_batch_speedup(3, high)
-    served = TuneHost(tmp_path, sim=BATCHED)
-    served.start()
-    try:
-        await ready(served)
-        serving_before = served.serving.read_text()
-        started = time.monotonic()
-        code, out, err = await specguard(
-            "tune", "--config", str(served.config), "--url", served.host.url,
-            "--sweep", ",".join(map(str, BATCH_SWEEP)), "--concurrency", ",".join(map(str, LEVELS)),
-            "--classes", "chat", "--num-prompts", "24", "--max-tokens", "96",
-            "--serving", str(served.serving), "--write", "--settle", "0", cwd=served.root, timeout=600,
-        )  # fmt: skip
-        (served.root / "tune-batches.txt").write_text(out + err)
-        print(f"tune over concurrency {LEVELS} in {time.monotonic() - started:.0f}s:\n{out}\n{err}")
-        assert code == 0, (out, err)
-        tables = sections(out)
-        assert sorted(tables) == sorted(LEVELS), out
-        for level, found in tables.items():
-            assert [r["k"] for r in found] == ["off", *map(str, BATCH_SWEEP)], out
-            best = true_batch_best(level)
-            assert f"  best measured k at concurrency {level}: {best}\n" in out, out
-            for r in found[1:]:  # the server ran each k: its mean acceptance length is the model's
-                assert float(r["mal"]) == pytest.approx(true_acceptance_length(int(r["k"])), rel=0.05), out
-        expected = schedule({level: true_batch_best(level) for level in LEVELS})
-        assert expected[0][2] > expected[-1][2]  # the k falls as batches grow
-        said = re.search(r"^recommended: num_speculative_tokens_per_batch_size = (\S+) ", out, re.M)
-        assert said is not None and json.loads(said.group(1)) == expected, out
-
-        written = served.serving.read_text()
-        loaded = load_serving(served.serving)
-        top = max(row[2] for row in expected)
-        assert loaded.num_speculative_tokens == top
-        assert [list(row) for row in loaded.num_speculative_tokens_per_batch_size or ()] == expected
-        assert written == serving_before.replace(
-            f"num_speculative_tokens: {ORIGINAL}   # k", f"num_speculative_tokens: {top}   # k"
-        ) + "num_speculative_tokens_per_batch_size:\n" + "".join(f"- {row}\n" for row in expected)
-        assert f"serving: {served.serving}: num_speculative_tokens {ORIGINAL} -> {top}" in err, err
-        code, rendered, rerr = await specguard("serve-config", str(served.serving), "--vllm-version", "0.32.0",
-                                               "--format", "json", cwd=served.root)  # fmt: skip
-        assert code == 0, rerr
-        config = json.loads(rendered)["speculative_config"]
-        assert config["num_speculative_tokens"] == top, rendered
-        assert config["num_speculative_tokens_per_batch_size"] == expected, rendered
-
-        shown = await ladder(served)
-        assert shown["k"] == ORIGINAL == shown["file_k"] and shown["change"] is None
-        assert [(e["from"], e["to"]) for e in shown["log"]] == [(4, 3), (3, 1), (1, 0), (0, 4)]
-        (kept,) = await tune_kept(served)  # the k the serving file got, and its schedule
-        assert kept.recommended == top and kept.result["schedule"] == expected
-    finally:
-        served.stop()
 
 
 def one_line(err: str) -> str:
