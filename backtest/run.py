@@ -17,7 +17,6 @@ from specguard.backtest.result import RuleResult, episodes_of, reproduce
 from specguard.config.loading import Loaded
 from specguard.sources.base import Source
 from specguard.sources.history import HistorySource, Wanted, components_of
-from specguard.sources.history import load as load_history
 from specguard.store.connection import read_only
 
 
@@ -183,11 +182,9 @@ def history_source(
     store: Path, first: float, end: float, wanted: Wanted, now: Callable[[], float]
 ) -> HistorySource:
     try:
-        with contextlib.closing(read_only(store)) as db:
-            recordings, minutes = load_history(db, first, end, wanted)
+        return workers.history(store, first, end, wanted, now)
     except sqlite3.Error as exc:
         raise BacktestError(f"cannot read history from {store}: {exc}") from None
-    return HistorySource(recordings, first, minutes, now)
 
 
 def _held(store: Path, start: float, end: float) -> list[str]:

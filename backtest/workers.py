@@ -19,7 +19,7 @@ import contextlib
 import multiprocessing
 import os
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -76,9 +76,7 @@ def _given(source: HistorySource | None, baseline: Baseline | None) -> None:
 
 def _load(store: Path, first: float, end: float, wanted: Wanted, baseline: Baseline | None) -> None:
     """A spawned worker's start: the period's history, once."""
-    with contextlib.closing(read_only(store)) as db:
-        recordings, minutes = load_history(db, first, end, wanted)
-    _given(HistorySource(recordings, first, minutes, lambda: _NOW[0]), baseline)
+    _given(history(store, first, end, wanted), baseline)
 
 
 def _judge(plan: Plan, start: float, end: float) -> Judged:
@@ -90,11 +88,14 @@ def _judge(plan: Plan, start: float, end: float) -> Judged:
     return settled(judge(plan, _SOURCE, _BASELINE, start, end, set_clock))
 
 
-def history(store: Path, first: float, end: float, wanted: Wanted) -> HistorySource:
-    """The history the forked workers share, loaded here, read at the workers' clock."""
+def history(
+    store: Path, first: float, end: float, wanted: Wanted, clock: Callable[[], float] | None = None
+) -> HistorySource:
+    """The store's history over [first, end), what ``wanted`` names of it, read at ``clock`` (default:
+    the workers' clock). Raises sqlite3.Error."""
     with contextlib.closing(read_only(store)) as db:
         recordings, minutes = load_history(db, first, end, wanted)
-    return HistorySource(recordings, first, minutes, lambda: _NOW[0])
+    return HistorySource(recordings, first, minutes, clock or (lambda: _NOW[0]))
 
 
 async def judged_apart(

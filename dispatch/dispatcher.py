@@ -409,9 +409,8 @@ class Dispatcher:
                 retry = await self._step_or_later()
 
     async def next_wake(self, retry: float | None = None) -> float | None:
-        """When the next step is due (the clock's time; None: nothing is waited for): a run that
-        falls due, an action's own work, a flag's next look, or ``retry``. The serve loop sleeps
-        until then; a backtest moves its simulated clock there."""
+        """When the next step is due (None: nothing waits): a run falling due, an action's own work,
+        a flag's next look, or ``retry``. The serve loop sleeps until then; a backtest moves there."""
         try:
             due = await self.store.next_due()
         except StoreError:

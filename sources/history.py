@@ -213,19 +213,6 @@ class HistorySource:
             tuple[object, ...], str | list[tuple[tuple[tuple[str, str], ...], list[Recording]]]
         ] = {}
 
-    def held(self) -> tuple[float, float] | None:
-        """The first and the last minute any server has in the period (None: none at all)."""
-        found = [
-            (column.index(next(v for v in column if v > 0)), column.index(column[-1]))
-            for r in self.recordings
-            if (column := r.sums.get(PRESENT)) is not None and column[-1] > 0
-        ]
-        if not found:
-            return None
-        first = min(i for i, _ in found) - 1  # running sums: the first minute is where the sum grows
-        last = max(i for _, i in found) - 1
-        return self.start + first * MINUTE, self.start + last * MINUTE
-
     async def refresh(self) -> None:
         return None
 
