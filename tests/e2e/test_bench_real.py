@@ -10,9 +10,10 @@ the sums and counts of vLLM's histograms of TTFT, TPOT, ITL and end-to-end laten
 after each run, give the server's mean of each over exactly that run's requests. A client sees the
 first and the last token after the server made them, so its TTFT and end-to-end latency are the
 server's plus what the client adds (its send, the HTTP stream, its own turn on a core); its TPOT and
-ITL, per token and per step, are the server's. specguard's offsets must be at most vLLM's benchmark's
-plus 1 ms, and its TPOT and ITL within 2 % of the server's and of vLLM's benchmark's ratio to them. A
-client timing from the wrong chunk is a whole decode step (about 7 ms) off and fails. The figure of
+ITL, per token and per step, are the server's. specguard's offsets must be at least -0.5 ms and at
+most vLLM's benchmark's plus 1 ms, and its TPOT and ITL within 2 % of the server's and of vLLM's
+benchmark's ratio to them. A client timing from the wrong chunk is a whole decode step (about 7 ms)
+off and fails. The figure of
 each tool is the median over its three runs, so that one run disturbed by the machine (a stall that
 delivers every stream at once) decides nothing.
 
