@@ -72,8 +72,8 @@ class Sim:
                 self.process.wait()
 
 
-def bench(url: str, *options: str, timeout: float = 300.0) -> None:
-    """``specguard bench`` against ``url``: the traffic the daemon records."""
+def bench(url: str, *options: str, timeout: float = 300.0) -> str:
+    """``specguard bench`` against ``url``: the traffic the daemon records; what it printed."""
     done = subprocess.run(
         [sys.executable, "-m", "specguard", "bench", "--url", url, "--classes", "chat,code", "--max-tokens", "64",
          *options],
@@ -81,6 +81,7 @@ def bench(url: str, *options: str, timeout: float = 300.0) -> None:
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"bench {url} {options}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
+    return done.stdout
 
 
 class Stack:

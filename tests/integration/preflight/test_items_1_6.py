@@ -44,8 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         stack.start()
         sims = stack.sims
-        bench(sims["good"].url, "--against", sims["plain"].url, "--num-prompts", "24",
-              "--write-baseline", str(root / "baseline.json"))  # fmt: skip
+        write_baseline(sims["good"].url, sims["plain"].url, root / "baseline.json")
         bench(sims["low"].url, "--num-prompts", "24")
         bench(sims["full"].url, "--num-prompts", "24")
         bench(sims["preempting"].url, "--num-prompts", "48", "--concurrency", "16", "--max-tokens", "256")
@@ -53,6 +52,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+def write_baseline(url: str, plain: str, path: Path, tries: int = 3) -> None:
+    """The baseline, with the draft's cost c, written by ``bench --against``, as an operator would:
+    again when a run's streams arrived in bursts (a client or front end held up on a loaded machine
+    passes several 2 ms steps at once), of which bench rightly measures no c."""
+    said = ""
+    for _ in range(tries):
+        said = bench(url, "--against", plain, "--num-prompts", "24", "--write-baseline", str(path))
+        (entry,) = json.loads(path.read_text())["entries"]
+        if "draft_cost" in entry.get("speculative", {}):
+            return
+        assert "arrived in bursts" in said, said  # the only reason bench may give for no c here
+    pytest.fail(f"bench --against measured no draft cost in {tries} runs:\n{said}")
 
 
 def preflight(config: Path, key: str) -> dict[str, Any]:
