@@ -137,18 +137,7 @@ async def _replay_with(run: Backtest, result: RuleResult, loaded: Loaded, phi: f
     fixed = Plan(dataclasses.replace(plan.item, rule=rule), plan.live_every, plan.every, plan.notes)
     source, set_clock = run.replay_source()
     judged = await judge.judge(fixed, source, loaded.baseline, run.start, run.end - 1e-6, set_clock)
-    events: list[dict[str, Any]] = [
-        {
-            "rule": e.rule,
-            "series": e.series,
-            "labels": dict(e.labels),
-            "kind": e.kind.value,
-            "at": e.at,
-            "runs": [],
-        }
-        for e in judged.events
-    ]
-    episodes = episodes_of(events, run.end).get(plan.name, [])
+    episodes = episodes_of(judged.events).get(plan.name, [])
     incidents = _incidents(run, result)
     if not incidents:
         return len(episodes)

@@ -15,6 +15,7 @@ from typing import Any
 from specguard.backtest.incidents import Episode, Incident, Recorded, Score
 from specguard.backtest.judge import Judged
 from specguard.backtest.plan import MINUTE, Plan
+from specguard.store.records import Event
 
 
 @dataclass
@@ -33,23 +34,27 @@ class RuleResult:
         return self.plan.name
 
 
-def episodes_of(events: Sequence[Mapping[str, Any]], end: float) -> dict[str, list[Episode]]:
-    """Each rule's episodes from the scratch store's events (oldest first, with their runs)."""
+def episodes_of(
+    events: Sequence[Event],
+    runs: Mapping[tuple[str, str, str, float], Sequence[Mapping[str, Any]]] | None = None,
+) -> dict[str, list[Episode]]:
+    """Each rule's episodes from the judged events (oldest first); ``runs``: what each event's
+    actions did, by (rule, series, kind, moment), for the time to first action."""
     out: dict[str, list[Episode]] = {}
     open_: dict[tuple[str, str], dict[str, Any]] = {}
     for event in events:
-        key = (event["rule"], event["series"])
-        kind = event["kind"]
+        key = (event.rule, event.series)
+        kind = event.kind.value
         if kind == "pending":
-            open_[key] = {"pending": event["at"], "labels": event["labels"]}
+            open_[key] = {"pending": event.at, "labels": dict(event.labels)}
         elif kind == "firing":
-            got = open_.setdefault(key, {"pending": None, "labels": event["labels"]})
-            got["fired"] = event["at"]
-            got["action"] = first_action(event["runs"])
+            got = open_.setdefault(key, {"pending": None, "labels": dict(event.labels)})
+            got["fired"] = event.at
+            got["action"] = first_action((runs or {}).get((*key, kind, event.at), []))
         elif kind in ("resolved", "inactive"):
             got = open_.pop(key, {})
             if "fired" in got:
-                out.setdefault(key[0], []).append(_episode(key, got, event["at"]))
+                out.setdefault(key[0], []).append(_episode(key, got, event.at))
     for key, got in open_.items():
         if "fired" in got:
             out.setdefault(key[0], []).append(_episode(key, got, None))

@@ -90,7 +90,7 @@ async def backtest(
                 RuleResult(p, await judge.judge(p, prometheus, loaded.baseline, start, last, now.set))
             )
     else:
-        first, wanted = _span(plans, store, start, end)
+        first, wanted = span(plans, store, start, end)
         out.notes += _held(store, start, end)
         count = workers.jobs_for(plans, start, end, jobs)
         if count > 1:
@@ -101,7 +101,7 @@ async def backtest(
             for p in plans:
                 out.rules.append(RuleResult(p, next(apart) if p.skip is None else judge.Judged(p)))
         else:
-            source = _history(plans, store, start, end, now)
+            source = history_source(store, first, end, wanted, now)
             out.source_of = (source, now.set)
             for p in plans:
                 out.rules.append(
@@ -123,14 +123,7 @@ async def backtest(
             done = {**run, "event": event["kind"], "at": event["at"], "labels": event["labels"], "held": held}
             runs.setdefault(event["rule"], []).append(done)
             ran.setdefault((event["rule"], event["series"], event["kind"], event["at"]), []).append(done)
-    episodes = episodes_of(
-        [
-            {"rule": e.rule, "series": e.series, "labels": dict(e.labels), "kind": e.kind.value, "at": e.at,
-             "runs": ran.get((e.rule, e.series, e.kind.value, e.at), [])}
-            for r in out.rules for e in r.judged.events
-        ],
-        end,
-    )  # fmt: skip
+    episodes = episodes_of([e for r in out.rules for e in r.judged.events], ran)
     out.incidents = list(incidents)
     for result in out.rules:
         result.episodes = episodes.get(result.name, [])
@@ -156,7 +149,7 @@ def _for(rule: str, incidents: Sequence[Incident], lives: Sequence[Recorded], en
     return [*incidents, *(r.as_incident(end) for r in lives if r.rule == rule)]
 
 
-def _span(plans: Sequence[plan.Plan], store: Path, start: float, end: float) -> tuple[float, Wanted]:
+def span(plans: Sequence[plan.Plan], store: Path, start: float, end: float) -> tuple[float, Wanted]:
     """Where history must be read from (the longest window before the period) and what of it."""
     from specguard.backtest.judge import moments
     from specguard.daemon.evaluation import window_of
@@ -170,12 +163,6 @@ def _span(plans: Sequence[plan.Plan], store: Path, start: float, end: float) -> 
     longest = max((window_of(p.item, p.every) for p in live), default=plan.MINUTE)
     first = math.floor((start - longest - plan.MINUTE) / plan.MINUTE) * plan.MINUTE
     return first, components_of(get_signal(p.item.rule.signal) for p in live if p.item.rule.signal)
-
-
-def _history(plans: Sequence[plan.Plan], store: Path, start: float, end: float, now: Now) -> HistorySource:
-    """The store's history over the period and the longest window before it, as a source."""
-    first, wanted = _span(plans, store, start, end)
-    return history_source(store, first, end, wanted, now)
 
 
 def history_source(

@@ -107,7 +107,7 @@ def report(
         (f"rule evaluations / series evaluations ({len(last.rules)} rules, {minutes} minutes)", f"{evaluations:,} / {series:,}", "", ""),
         ("rule evaluations per second (median run's whole time) / judged only", f"{evaluations / median:,.0f} / {evaluations / phase['judge']:,.0f}", "", ""),
         ("series evaluations per second (median run's whole time)", f"{series / median:,.0f}", "", ""),
-        ("the act phase: events stored, its clock's steps, the fallback flag's changes (last run)", f"{len(runs[-1].events):,}, {runs[-1].steps:,}, {len(last.flags.get('fallback', []))}", "", ""),
+        ("the act phase: events stored, its clock's steps, the fallback flag's changes (last run)", f"{runs[-1].stored:,}, {runs[-1].steps:,}, {len(last.flags.get('fallback', []))}", "", ""),
         ("peak RSS: before the first replay / once its history was loaded / after the replays / at the end (naive rounds too)", f"{f['rss before']:.0f} / {runs[0].rss_loaded:.0f} / {f['rss after']:.0f} / {f['rss end']:.0f} MiB", "", ""),
         (f"baseline: the daemon's rounds, one a minute, {slice_hours:g} h ({slice_from}-{slice_to}, {naive.minutes} rounds), median of {args.runs}", f"{fmt_s(naive_total)} ({fmt_s(naive.rounds)} rounds + {fmt_s(naive.steps)} dispatcher steps)", "", ""),
         ("baseline: all runs", ", ".join(fmt_s(n.rounds + n.steps) for n in naives), "", ""),

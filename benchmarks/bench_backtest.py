@@ -21,7 +21,8 @@ times (best and median), with its phases timed by wrapping ``backtest.workers.ju
 rules judged by worker processes, one per core: every rule evaluated at every minute; the history
 they share loaded first, by ``workers.history``, counted as the load) or ``backtest.judge.judge``
 when judged in one process, ``backtest.act.act`` (what was decided stored and acted on, in a scratch
-store) and the history's load (``backtest.run._history``); the rest is the result's assembly.
+store) and the history's load (``backtest.workers.history``, whichever way the rules are judged);
+the rest is the result's assembly.
 The baseline: the daemon's own rounds the naive way, over a slice of the period (``--naive-hours``,
 the hours around the collapse): one ``daemon.round.Rounds.evaluate_round()`` per minute of the
 slice on the simulated clock, the source answering from the same history
@@ -137,7 +138,7 @@ class Phases:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> Phases:
-        real_judge, real_act, real_history = judge.judge, act.act, run._history
+        real_judge, real_act = judge.judge, act.act
 
         async def timed_judge(p: plan.Plan, *args: Any, **kwargs: Any) -> judge.Judged:
             began = time.perf_counter()
@@ -155,14 +156,6 @@ class Phases:
                 return self.acted
             finally:
                 self.seconds["act"] += time.perf_counter() - began
-
-        def timed_history(*args: Any, **kwargs: Any) -> Any:
-            began = time.perf_counter()
-            try:
-                return real_history(*args, **kwargs)
-            finally:
-                self.seconds["load"] += time.perf_counter() - began
-                self.rss_loaded = peak_rss()
 
         real_apart, real_shared = workers.judged_apart, workers.history
 
@@ -185,8 +178,8 @@ class Phases:
                 self.rss_loaded = peak_rss()
 
         for module, name, wrapper in (
-            (judge, "judge", timed_judge), (act, "act", timed_act), (run, "_history", timed_history),
-            (workers, "judged_apart", timed_apart), (workers, "history", timed_shared),
+            (judge, "judge", timed_judge), (act, "act", timed_act), (workers, "judged_apart", timed_apart),
+            (workers, "history", timed_shared),
         ):  # fmt: skip
             self._saved.append((module, name, getattr(module, name)))
             setattr(module, name, wrapper)
@@ -203,24 +196,32 @@ class Replay:
     phases: dict[str, float]
     per_rule: dict[str, float]
     result: Backtest | None  # kept for the last run only
-    events: list[tuple[Any, ...]]
+    events: list[tuple[Any, ...]]  # every event judged, with the runs the act phase gave it
+    stored: int  # the events the act phase stored (those of the evaluations it acted on)
     steps: int  # the act phase's steps: the moments it moved its clock to
     rss_loaded: float
 
 
 def events_of(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """What is compared between the two ways: each event's rule, series, kind and moment, and the
-    status of its runs."""
+    status of its runs (from a store's history)."""
+    return sorted((e["rule"], e["series"], e["kind"], e["at"], _runs(e)) for e in events)
+
+
+def judged_events(result: Backtest, acted: act.Acted) -> list[tuple[Any, ...]]:
+    """The same of a backtest: every event its rules were judged to have, each with the runs of the
+    one the act phase stored (it stores only the evaluations with a firing or a resolution: an
+    event of any other has no runs, as in the daemon's store)."""
+    runs = {(e["rule"], e["series"], e["kind"], e["at"]): _runs(e) for e in acted.events}
     return sorted(
-        (
-            e["rule"],
-            e["series"],
-            e["kind"],
-            e["at"],
-            tuple(sorted((r["action"], r["status"]) for r in e["runs"])),
-        )
-        for e in events
+        (e.rule, e.series, e.kind.value, e.at, runs.get((e.rule, e.series, e.kind.value, e.at), ()))
+        for r in result.rules
+        for e in r.judged.events
     )
+
+
+def _runs(event: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((r["action"], r["status"]) for r in event["runs"]))
 
 
 async def replay(loaded: Loaded, start: float, end: float) -> Replay:
@@ -231,8 +232,8 @@ async def replay(loaded: Loaded, start: float, end: float) -> Replay:
     assert phases.acted is not None
     acted = phases.acted
     return Replay(
-        seconds, dict(phases.seconds), dict(phases.per_rule), result, events_of(acted.events), acted.steps,
-        phases.rss_loaded,
+        seconds, dict(phases.seconds), dict(phases.per_rule), result, judged_events(result, acted),
+        len(acted.events), acted.steps, phases.rss_loaded,
     )  # fmt: skip
 
 
@@ -258,7 +259,9 @@ async def naive(loaded: Loaded, start: float, end: float, scratch: Path) -> Naiv
     plans = plan.plans(loaded, plan.HISTORY)
     now = run.Now(start)
     began = time.perf_counter()
-    source = run._history(plans, loaded.config.store_file(), start, end, now)
+    store = loaded.config.store_file()
+    first, wanted = run.span(plans, store, start, end)
+    source = run.history_source(store, first, end, wanted, now)
     load_seconds = time.perf_counter() - began
     replayed = act.for_replay(loaded, [judge.Judged(p) for p in plans], scratch)
     # The rules as replayed (every one once a minute): the config's interval is the replay's.
